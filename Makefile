@@ -1,0 +1,28 @@
+# The two quick-start commands.  Each one creates the virtual environment,
+# installs TensorFlow (CPU wheel) and the test tools, and builds tfswap's op
+# library against that TensorFlow; later runs reuse what is already there.
+VENV    ?= .venv
+PYTHON  ?= python3
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.tfswap-installed
+
+.PHONY: demo test clean
+
+demo: $(STAMP)
+	$(PY) -m tfswap.cli demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) setup.py tfswap/ops/swap_ops.cc tfswap/ops/build.py
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q "tensorflow-cpu>=2.21,<2.22" "numpy>=1.24" "deap>=1.4" \
+	    "pytest>=8" "hypothesis>=6"
+	$(PY) -m pip install -q --no-build-isolation -e .
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info tfswap/ops/_tfswap_ops*.so*

@@ -1,0 +1,115 @@
+"""The foundation end to end: capture -> hand plan -> rewrite -> run on live variables.
+
+Every check compares the rewritten step against the unmodified function.
+"""
+
+import pytest
+import tensorflow as tf
+
+from tfswap import zoo
+from tfswap.tf import capture, measure, quickplan, rewrite, runtime
+from tfswap.tf.emulate import DEVICE, HOST
+
+from .equality import assert_same_training
+
+# Known gap (issue #2 note): tfswap runs the rewritten graph with Grappler off,
+# the user's function runs with it on; after 3 Adam steps the CNN's first conv
+# kernel differs by 1.4e-4 of its norm.  Planning on Grappler's output graph
+# closes this; until then the bound is asserted so that it cannot grow unseen.
+GRAPPLER_RTOL = 5e-4
+
+MODELS = {"cnn": lambda: zoo.cnn(batch=32), "transformer": lambda: zoo.transformer(batch=8)}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def planned(request):
+    step = MODELS[request.param]()
+    captured = capture.capture(step.concrete_fn)
+    quick = quickplan.heuristic_plan(captured, step.batch, swaps=3)
+    rewritten = rewrite.rewrite(captured, quick.plan, DEVICE, HOST)
+    return step, captured, quick, rewritten
+
+
+def test_plan_swaps_three_activations_across_forward_and_backward(planned):
+    _, _, quick, _ = planned
+    assert len(quick.plan.swaps) == 3
+    assert all(s.bytes >= 256 * 1024 for s in quick.plan.swaps)
+    assert quick.predicted_freed_bytes > 0
+
+
+def test_rewritten_step_is_bit_identical_to_the_unmodified_graph(planned):
+    """Same graph, same runtime settings, swaps and schedule added: not one bit changes."""
+    step, captured, _, rewritten = planned
+    unmodified = runtime.bind(captured, captured.graph_def)
+    fn = runtime.bind(captured, rewritten.graph_def)
+    ref, got = assert_same_training(unmodified, fn, captured.variables, step.batch, exact=True)
+    print(f"\n{step.name}: losses unmodified {ref} rewritten {got}")
+
+
+def test_rewritten_step_trains_like_the_users_function(planned):
+    """Against the user's own ConcreteFunction (Grappler on): same losses; variables
+    agree to the tolerance that Grappler's fusions allow (see runtime.grappler_config)."""
+    step, captured, _, rewritten = planned
+    fn = runtime.bind(captured, rewritten.graph_def)
+    ref, got = assert_same_training(step.concrete_fn, fn, captured.variables, step.batch,
+                                    rtol=GRAPPLER_RTOL)
+    print(f"\n{step.name}: losses original {ref} rewritten {got}")
+
+
+def test_measured_peak_drops_by_at_least_80_percent_of_predicted(planned):
+    step, captured, quick, rewritten = planned
+    after = measure.measure(captured, rewritten.graph_def, step.batch)
+    before = quick.baseline
+    freed = before.peak_bytes - after.peak_bytes
+    print(f"\n{step.name}: device peak unmodified {before.peak_bytes} B, rewritten "
+          f"{after.peak_bytes} B, freed {freed} B, predicted {quick.predicted_freed_bytes} B")
+    assert freed >= 0.8 * quick.predicted_freed_bytes
+
+
+def test_swaps_and_schedule_survive_execution(planned):
+    step, captured, quick, rewritten = planned
+    m = measure.measure(captured, rewritten.graph_def, step.batch, runs=1, warmup=0)
+    executed = list(m.executed_ops)
+    for nodes in rewritten.swaps:
+        assert nodes.swap_out in executed and nodes.swap_in in executed
+        assert m.node_devices[nodes.swap_out].endswith("CPU:1")
+        assert m.node_devices[nodes.swap_in].endswith("CPU:0")
+    # Grappler folds shape computations into constants and bypasses redundant
+    # reshapes, which then float free of the chain; the ops that hold memory
+    # (outputs of 64 KiB or more) must run exactly in the planned order.
+    graph = quick.graph
+    ran = [op for op in quick.plan.schedule
+           if m.executed_types.get(op) == graph.op(op).type
+           and max((graph.tensor(t).nbytes for t in graph.op(op).outputs), default=0) >= 1 << 16]
+    assert len(ran) >= 10
+    for first, second in zip(ran, ran[1:]):
+        assert m.ran_before(first, second), f"{second} ran before {first}"
+    for swap, nodes in zip(quick.plan.swaps, rewritten.swaps):
+        if swap.out_after in m.start_micros:
+            assert m.ran_before(swap.out_after, nodes.swap_out)
+        if swap.in_after in m.start_micros:
+            assert m.ran_before(swap.in_after, nodes.swap_in)
+        for consumer in swap.consumers:
+            if consumer in m.start_micros:
+                assert m.ran_before(nodes.swap_in, consumer)
+
+
+def test_grappler_keeps_swaps_in_the_function_runtime(planned):
+    """The tf.function path (not the measuring Session) also runs the swaps."""
+    from tensorflow.python.eager import context
+
+    step, captured, _, rewritten = planned
+    fn = runtime.bind(captured, rewritten.graph_def)
+    initial = [v.numpy() for v in captured.variables]
+    context.enable_run_metadata()
+    try:
+        fn(*step.batch)
+        metadata = context.export_run_metadata()
+    finally:
+        context.disable_run_metadata()
+        for var, value in zip(captured.variables, initial):
+            var.assign(value)
+    optimized = [n for g in metadata.function_graphs for n in g.post_optimization_graph.node]
+    names = {n.name: n for n in optimized}
+    for nodes in rewritten.swaps:
+        assert nodes.swap_out in names and nodes.swap_in in names

@@ -1,0 +1,1 @@
+"""The TensorFlow adapter: capture, ir, rewrite, runtime, measure, emulate."""

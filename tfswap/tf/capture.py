@@ -1,0 +1,150 @@
+"""ConcreteFunction -> CapturedFunction: the graph, its feeds, fetches and variables.
+
+The GraphDef of a ``tf.function`` holds one ``Placeholder`` per argument
+tensor followed by one per captured tensor (variable handles and captured
+constants).  Everything downstream -- IR, rewrite, runtime -- works on this
+value and never on the ConcreteFunction again.
+
+Example::
+
+    step = tf.function(train_step)
+    cf = step.get_concrete_function(tf.TensorSpec([32, 224, 224, 3]), tf.TensorSpec([32], tf.int32))
+    captured = tfswap.tf.capture.capture(cf)
+    captured.feeds      # ('x:0', 'y:0')
+    captured.fetches    # ('Identity:0',)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.util import nest
+
+
+class CaptureError(ValueError):
+    """The function cannot be captured as given; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One flat argument of the function."""
+
+    name: str           # placeholder tensor name in the GraphDef, e.g. "x:0"
+    path: str           # where it sits in the call signature, e.g. "args[0]['image']"
+    dtype: tf.DType
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CapturedTensor:
+    """A tensor the function closes over (a variable handle or a constant)."""
+
+    name: str           # placeholder tensor name in the GraphDef
+    value: Any          # the live eager tensor (for a variable: its resource handle)
+    variable: tf.Variable | None  # the variable owning the handle, if any
+
+
+@dataclass(frozen=True)
+class CapturedFunction:
+    graph_def: tf.compat.v1.GraphDef
+    args: tuple[ArgSpec, ...]
+    captures: tuple[CapturedTensor, ...]
+    fetches: tuple[str, ...]            # flat output tensor names
+    control_outputs: tuple[str, ...]    # ops that must run though no output needs them
+    structured_outputs: Any             # nest structure of the outputs, Tensors as leaves
+    input_signature: Any                # cf.structured_input_signature
+    name: str
+
+    @property
+    def feeds(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.args)
+
+    @property
+    def variables(self) -> tuple[tf.Variable, ...]:
+        return tuple(c.variable for c in self.captures if c.variable is not None)
+
+
+def _is_concrete_function(obj) -> bool:
+    return hasattr(obj, "graph") and hasattr(obj, "captured_inputs") \
+        and hasattr(obj, "structured_input_signature")
+
+
+def _signature_paths(signature) -> list[str]:
+    args, kwargs = signature
+    paths = []
+    for prefix, tree in (("args", args), ("kwargs", kwargs)):
+        for path, _ in nest.flatten_with_joined_string_paths(tree):
+            paths.append(f"{prefix}/{path}" if path else prefix)
+    return paths
+
+
+def capture(concrete_fn) -> CapturedFunction:
+    """Capture a ``tf.function`` ConcreteFunction for planning and rewriting.
+
+    Raises :class:`CaptureError` for anything that is not a ConcreteFunction
+    and for argument shapes with unknown dimensions (tfswap plans bytes, so
+    every tensor size must be known; trace one concrete function per shape).
+    """
+    if not _is_concrete_function(concrete_fn):
+        if hasattr(concrete_fn, "get_concrete_function"):
+            raise CaptureError(
+                "tfswap needs a ConcreteFunction with fully known input shapes, got a "
+                f"tf.function ({getattr(concrete_fn, '__name__', concrete_fn)!r}). Call "
+                "`fn.get_concrete_function(tf.TensorSpec([batch, ...], dtype), ...)` and "
+                "pass its result.")
+        raise CaptureError(
+            f"tfswap needs a ConcreteFunction, got {type(concrete_fn).__name__}. Wrap the "
+            "step in `tf.function` and pass `tf.function(step).get_concrete_function(specs...)`.")
+
+    graph = concrete_fn.graph
+    captured_values = list(concrete_fn.captured_inputs)
+    n_args = len(concrete_fn.inputs) - len(captured_values)
+    arg_tensors = concrete_fn.inputs[:n_args]
+    paths = _signature_paths(concrete_fn.structured_input_signature)
+    if len(paths) != n_args:  # e.g. composite tensors flatten to several placeholders
+        paths = [t.op.name for t in arg_tensors]
+
+    args = []
+    for tensor, path in zip(arg_tensors, paths):
+        shape = tensor.shape
+        if shape.rank is None:
+            raise CaptureError(
+                f"input {path} ({tensor.op.name}) has unknown rank; tfswap plans exact byte "
+                "sizes, so trace the function with a fully defined TensorSpec.")
+        for axis, dim in enumerate(shape.as_list()):
+            if dim is None:
+                raise CaptureError(
+                    f"input {path} ({tensor.op.name}) has an unknown dimension {axis} in shape "
+                    f"{shape}; tfswap plans exact byte sizes. Trace one concrete function per "
+                    "shape, e.g. get_concrete_function(tf.TensorSpec([32, 224, 224, 3])).")
+        if tensor.dtype == tf.resource or tensor.dtype == tf.variant:
+            raise CaptureError(
+                f"input {path} is a {tensor.dtype.name} tensor; pass variables by closure "
+                "(capture them) rather than as arguments.")
+        args.append(ArgSpec(tensor.name, path, tensor.dtype, tuple(shape.as_list())))
+
+    owner = {}
+    for var in graph.variables:
+        owner[id(var.handle)] = var
+    captures = tuple(
+        CapturedTensor(ph.name, value, owner.get(id(value)))
+        for ph, value in zip(concrete_fn.inputs[n_args:], captured_values))
+
+    structured = concrete_fn.structured_outputs
+    fetches = tuple(t.name for t in tf.nest.flatten(structured) if isinstance(t, tf.Tensor))
+    missing = [f for f in fetches if f not in {t.name for t in concrete_fn.outputs}]
+    if missing:  # pragma: no cover - guards against TF changing output bookkeeping
+        raise CaptureError(f"outputs {missing} are not among the function's outputs")
+
+    return CapturedFunction(
+        graph_def=graph.as_graph_def(add_shapes=True),
+        args=tuple(args),
+        captures=captures,
+        fetches=fetches,
+        control_outputs=tuple(op.name for op in graph.control_outputs),
+        structured_outputs=structured,
+        input_signature=concrete_fn.structured_input_signature,
+        name=getattr(concrete_fn, "name", "function"),
+    )

@@ -1,0 +1,213 @@
+"""Plan -> GraphDef with SwapOut/SwapIn ops, the schedule's control chain and devices.
+
+For each swap (SwapAdvisor §4.2, Fig. 3):
+
+* ``SwapOut`` reads the tensor and runs after ``out_after`` (control edge),
+  placed so that its host buffer is attributed to the host;
+* ``SwapIn`` reads the SwapOut's output and runs after its trigger op
+  ``in_after`` and after the swap-outs listed in ``in_wait_for``;
+* the listed consumers read the SwapIn's output; every other reader keeps
+  reading the original.
+
+Consecutive ops of the schedule are chained with control edges so the
+executor runs them in the planned order.  The function never mutates its
+input.
+
+Example::
+
+    rewritten = rewrite(captured, plan, device="/device:CPU:0", host="/device:CPU:1")
+    rewritten.graph_def          # the GraphDef to bind with tfswap.tf.runtime
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, graph_pb2
+
+from tfswap import ops
+from tfswap.core.plan import Plan
+from tfswap.tf.capture import CapturedFunction
+
+SWAP_OUT_OP = "SwapOut"
+SWAP_IN_OP = "SwapIn"
+SWAP_SCOPE = "tfswap"
+
+
+class RewriteError(ValueError):
+    """The plan does not fit the graph; the message names the op or tensor."""
+
+
+@dataclass(frozen=True)
+class SwapNodes:
+    swap_id: str
+    tensor: str
+    swap_out: str   # node names in the rewritten GraphDef
+    swap_in: str
+
+
+@dataclass(frozen=True)
+class RewrittenGraph:
+    graph_def: graph_pb2.GraphDef
+    swaps: tuple[SwapNodes, ...]
+    schedule: tuple[str, ...]
+    device: str
+    host: str
+
+
+def split_tensor_name(name: str) -> tuple[str, int]:
+    op, _, index = name.partition(":")
+    return op, int(index) if index else 0
+
+
+def _input_ref(op: str, index: int) -> str:
+    return op if index == 0 else f"{op}:{index}"
+
+
+def _data_inputs(node) -> list[tuple[str, int]]:
+    return [split_tensor_name(i) for i in node.input if not i.startswith("^")]
+
+
+def _predecessors(node) -> list[str]:
+    return [i.lstrip("^").partition(":")[0] for i in node.input]
+
+
+def _device_kind(device: str) -> str:
+    return tf.DeviceSpec.from_string(device).device_type or ""
+
+
+def topological_order(graph_def) -> list[str]:
+    """A topological order of the GraphDef's nodes (ties kept in GraphDef order).
+
+    Raises :class:`RewriteError` naming nodes on a cycle.
+    """
+    nodes = {n.name: n for n in graph_def.node}
+    indeg = {name: 0 for name in nodes}
+    succ = defaultdict(list)
+    for n in graph_def.node:
+        for p in set(_predecessors(n)):
+            if p in nodes:
+                indeg[n.name] += 1
+                succ[p].append(n.name)
+    ready = deque(name for name in nodes if indeg[name] == 0)
+    order = []
+    while ready:
+        name = ready.popleft()
+        order.append(name)
+        for s in succ[name]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+    if len(order) != len(nodes):
+        stuck = sorted(name for name, d in indeg.items() if d > 0)[:8]
+        raise RewriteError(f"the rewritten graph has a cycle through {stuck}; the plan's "
+                           "schedule or swap triggers contradict the graph's dependencies")
+    return order
+
+
+def _check_schedule(plan: Plan, nodes: dict) -> dict[str, int]:
+    position = {}
+    for i, op in enumerate(plan.schedule):
+        if op not in nodes:
+            raise RewriteError(f"scheduled op {op!r} is not in the graph")
+        position[op] = i
+    # Every scheduled op must come after its scheduled predecessors, or the
+    # control chain would deadlock the step.
+    for op in plan.schedule:
+        for p in _predecessors(nodes[op]):
+            if p in position and position[p] > position[op]:
+                raise RewriteError(
+                    f"schedule runs {op!r} (position {position[op]}) before its input "
+                    f"{p!r} (position {position[p]}); a schedule must be a topological order")
+    return position
+
+
+def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> RewrittenGraph:
+    """Apply ``plan`` to the captured graph; see the module docstring."""
+    ops.load()  # the swap op types must be registered to import the result
+    graph_def = graph_pb2.GraphDef()
+    graph_def.CopyFrom(captured.graph_def)
+    nodes = {n.name: n for n in graph_def.node}
+    position = _check_schedule(plan, nodes)
+
+    reference = tf.Graph()
+    with reference.as_default():
+        tf.graph_util.import_graph_def(captured.graph_def, name="")
+
+    # On a GPU both swap ops sit on the device (host side is HostMemory in the
+    # kernel); on the emulated device the swap-out runs on the host CPU so its
+    # buffer is host memory in the step stats.
+    swap_out_device = host if _device_kind(device) == "CPU" else device
+
+    swap_nodes = []
+    swap_out_name = {}
+    for k, swap in enumerate(plan.swaps):
+        producer, index = split_tensor_name(swap.tensor)
+        if producer not in nodes:
+            raise RewriteError(f"swap {swap.id!r}: tensor {swap.tensor!r} has no producer in the graph")
+        try:
+            tensor = reference.get_tensor_by_name(f"{producer}:{index}")
+        except (KeyError, ValueError) as err:
+            raise RewriteError(f"swap {swap.id!r}: {err}") from err
+        if not tensor.dtype.is_numpy_compatible or tensor.dtype in (tf.string, tf.resource, tf.variant):
+            raise RewriteError(f"swap {swap.id!r}: {swap.tensor} is a {tensor.dtype.name} tensor, "
+                               "which cannot be swapped")
+        for op in (swap.out_after, swap.in_after):
+            if op not in nodes:
+                raise RewriteError(f"swap {swap.id!r}: op {op!r} is not in the graph")
+        for consumer in swap.consumers:
+            if consumer not in nodes:
+                raise RewriteError(f"swap {swap.id!r}: consumer {consumer!r} is not in the graph")
+            if (producer, index) not in _data_inputs(nodes[consumer]):
+                raise RewriteError(f"swap {swap.id!r}: {consumer!r} does not read {swap.tensor}")
+            if swap.in_after in position and consumer in position \
+                    and position[consumer] <= position[swap.in_after]:
+                raise RewriteError(
+                    f"swap {swap.id!r}: consumer {consumer!r} is scheduled before the swap-in "
+                    f"trigger {swap.in_after!r}; trigger the swap-in earlier")
+
+        out_name = f"{SWAP_SCOPE}/swap_out_{k}"
+        in_name = f"{SWAP_SCOPE}/swap_in_{k}"
+        dtype_attr = attr_value_pb2.AttrValue(type=tensor.dtype.as_datatype_enum)
+        out_node = graph_def.node.add(name=out_name, op=SWAP_OUT_OP, device=swap_out_device)
+        out_node.input.extend([_input_ref(producer, index), "^" + swap.out_after])
+        out_node.attr["T"].CopyFrom(dtype_attr)
+        if tensor.shape.is_fully_defined():
+            out_node.attr["_output_shapes"].list.shape.add().CopyFrom(tensor.shape.as_proto())
+        in_node = graph_def.node.add(name=in_name, op=SWAP_IN_OP, device=device)
+        in_node.input.extend([out_name, "^" + swap.in_after])
+        in_node.attr["T"].CopyFrom(dtype_attr)
+        if tensor.shape.is_fully_defined():
+            in_node.attr["_output_shapes"].CopyFrom(out_node.attr["_output_shapes"])
+        swap_out_name[swap.id] = out_name
+        swap_nodes.append(SwapNodes(swap.id, swap.tensor, out_name, in_name))
+
+        old = _input_ref(producer, index)
+        for consumer in swap.consumers:
+            node = nodes[consumer]
+            for i, ref in enumerate(node.input):
+                if ref == old or (index == 0 and ref == f"{producer}:0"):
+                    node.input[i] = in_name
+
+    for swap, nodes_k in zip(plan.swaps, swap_nodes):
+        in_node = next(n for n in graph_def.node if n.name == nodes_k.swap_in)
+        in_node.input.extend("^" + swap_out_name[w] for w in swap.in_wait_for)
+
+    for node in graph_def.node:
+        if not node.device:
+            node.device = device
+
+    # The schedule chain.  Source ops (no inputs: placeholders, constants)
+    # cost nothing and are left free.
+    previous = None
+    for op in plan.schedule:
+        node = nodes[op]
+        if previous is not None and node.input and previous not in _predecessors(node):
+            node.input.append("^" + previous)
+        if node.input:
+            previous = op
+
+    topological_order(graph_def)  # raises on a cycle
+    return RewrittenGraph(graph_def, tuple(swap_nodes), plan.schedule, device, host)
