@@ -107,14 +107,18 @@ class DataflowGraph:
         preds.update(self._op_index[c] for c in op.control_inputs)
         return preds
 
-    def topological_order(self) -> list[int]:
-        """Kahn's order, ties broken by op index.  Raises ValueError on a cycle."""
+    def _in_degrees_and_successors(self) -> tuple[list[int], list[list[int]]]:
         indeg = [0] * len(self.ops)
         succ = [[] for _ in self.ops]
         for i in range(len(self.ops)):
             for p in self.predecessors(i):
                 indeg[i] += 1
                 succ[p].append(i)
+        return indeg, succ
+
+    def topological_order(self) -> list[int]:
+        """Kahn's order, ties broken by op index.  Raises ValueError on a cycle."""
+        indeg, succ = self._in_degrees_and_successors()
         ready = deque(i for i, d in enumerate(indeg) if d == 0)
         order = []
         while ready:
@@ -136,12 +140,7 @@ class DataflowGraph:
         as soon as they are ready.
         """
         rank = {self._op_index[n]: k for k, n in enumerate(observed) if n in self._op_index}
-        indeg = [0] * len(self.ops)
-        succ = [[] for _ in self.ops]
-        for i in range(len(self.ops)):
-            for p in self.predecessors(i):
-                indeg[i] += 1
-                succ[p].append(i)
+        indeg, succ = self._in_degrees_and_successors()
         ready = [(rank.get(i, -1), i) for i, d in enumerate(indeg) if d == 0]
         heapq.heapify(ready)
         order = []
