@@ -5,11 +5,9 @@
 Runs on the emulated device (CPU:0 = accelerator, CPU:1 = host).
 """
 
-import tensorflow as tf
-
 from tfswap.tf import emulate
 
-emulate.setup()  # right after importing TensorFlow
+emulate.setup()  # before TensorFlow creates its devices
 
 from tfswap import zoo  # noqa: E402
 from tfswap.core.plan import Plan, Swap  # noqa: E402
@@ -42,4 +40,3 @@ fn = runtime.bind(captured, rewritten.graph_def)
 print("loss", float(fn(*step.batch)["loss"]))
 after = measure.measure(captured, rewritten.graph_def, step.batch)
 print("device peak", baseline.peak_bytes, "->", after.peak_bytes)
-del tf

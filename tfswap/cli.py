@@ -18,7 +18,6 @@ def _mib(nbytes: int) -> str:
 
 def demo(batch: int, swaps: int) -> int:
     import numpy as np
-    import tensorflow as tf
 
     from tfswap.tf import emulate
 
@@ -60,7 +59,6 @@ def demo(batch: int, swaps: int) -> int:
           f"({100 * saved / before.peak_bytes:.1f}%)")
     print(f"step time: unmodified {before.step_time_s * 1e3:.1f} ms, "
           f"with swaps {after.step_time_s * 1e3:.1f} ms (CPU emulation; not a GPU figure)")
-    del tf
     return 0 if same and saved > 0 else 1
 
 

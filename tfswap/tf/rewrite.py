@@ -143,6 +143,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
 
     swap_nodes = []
     swap_out_name = {}
+    swap_in_node = {}
     for k, swap in enumerate(plan.swaps):
         producer, index = split_tensor_name(swap.tensor)
         if producer not in nodes:
@@ -182,6 +183,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         if tensor.shape.is_fully_defined():
             in_node.attr["_output_shapes"].CopyFrom(out_node.attr["_output_shapes"])
         swap_out_name[swap.id] = out_name
+        swap_in_node[swap.id] = in_node
         swap_nodes.append(SwapNodes(swap.id, swap.tensor, out_name, in_name))
 
         old = _input_ref(producer, index)
@@ -191,9 +193,8 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
                 if ref == old or (index == 0 and ref == f"{producer}:0"):
                     node.input[i] = in_name
 
-    for swap, nodes_k in zip(plan.swaps, swap_nodes):
-        in_node = next(n for n in graph_def.node if n.name == nodes_k.swap_in)
-        in_node.input.extend("^" + swap_out_name[w] for w in swap.in_wait_for)
+    for swap in plan.swaps:  # after the loop: a swap may wait for a later-listed one
+        swap_in_node[swap.id].input.extend("^" + swap_out_name[w] for w in swap.in_wait_for)
 
     for node in graph_def.node:
         if not node.device:
