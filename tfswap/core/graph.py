@@ -19,6 +19,13 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+# What a tensor is, as the planner sees it (issue #3).  "small" tensors live in
+# the reserved small-tensor pool and are never swapped.
+KINDS = ("input", "parameter", "optimizer_state", "activation", "gradient",
+         "temporary", "small")
+# Which part of the step an op belongs to, from reachability (not from names).
+PHASES = ("", "forward", "backward", "update")
+
 
 @dataclass(frozen=True)
 class Tensor:
@@ -29,6 +36,14 @@ class Tensor:
     swappable: bool = True           # False for handles, strings, variants
     producer: int = -1               # op index, filled by DataflowGraph.build
     consumers: tuple[int, ...] = ()  # op indices (an op reading it twice is listed once)
+    kind: str = "activation"         # one of KINDS
+    alias_of: str = ""               # tensor whose buffer this one shares (forwarding, views)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"tensor {self.name!r}: kind {self.kind!r} is not one of {KINDS}")
+        if self.nbytes < 0:
+            raise ValueError(f"tensor {self.name!r}: nbytes must be >= 0, got {self.nbytes}")
 
 
 @dataclass(frozen=True)
@@ -39,7 +54,15 @@ class Op:
     control_inputs: tuple[str, ...] = ()   # op names
     outputs: tuple[str, ...] = ()          # tensor names, filled by build if empty
     device: str = ""
-    time_s: float = 0.0
+    time_s: float = 0.0             # compute time on the target device
+    scratch_bytes: int = 0          # kernel temporaries, live only while the op runs
+    phase: str = ""                 # one of PHASES
+
+    def __post_init__(self):
+        if self.phase not in PHASES:
+            raise ValueError(f"op {self.name!r}: phase {self.phase!r} is not one of {PHASES}")
+        if self.time_s < 0 or self.scratch_bytes < 0:
+            raise ValueError(f"op {self.name!r}: time_s and scratch_bytes must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,143 @@
+"""DeviceSpec: what the planner needs to know about an accelerator and its link.
+
+All values are in bytes and seconds.  ``h2d_bytes_per_s`` / ``d2h_bytes_per_s``
+are each direction's bandwidth when only that direction is busy;
+``duplex_bytes_per_s`` is the total when both are (the paper's V100 machine:
+12 GB/s one way, 20 GB/s both ways, so 10 GB/s each while both run).
+
+Example::
+
+    spec = device_spec("v100-16g-pcie3")
+    spec.memory_bytes                 # 16 * 2**30
+    spec.copy_time_s(1 << 30, "h2d")  # ~0.089 s
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+GB = 10**9
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    memory_bytes: int
+    peak_flops: float                 # dense FP32 FLOP/s the kernels can reach
+    memory_bandwidth_bytes_per_s: float
+    h2d_bytes_per_s: float
+    d2h_bytes_per_s: float
+    duplex_bytes_per_s: float         # both directions together
+    launch_overhead_s: float = 5e-6   # fixed cost per op
+
+    def __post_init__(self):
+        for field_name in ("memory_bytes", "peak_flops", "memory_bandwidth_bytes_per_s",
+                           "h2d_bytes_per_s", "d2h_bytes_per_s", "duplex_bytes_per_s"):
+            if not getattr(self, field_name) > 0:
+                raise ValueError(f"DeviceSpec {self.name!r}: {field_name} must be > 0, "
+                                 f"got {getattr(self, field_name)!r}")
+        if self.launch_overhead_s < 0:
+            raise ValueError(f"DeviceSpec {self.name!r}: launch_overhead_s must be >= 0")
+
+    def copy_time_s(self, nbytes: int, direction: str, duplex: bool = False) -> float:
+        """Seconds to move ``nbytes`` one way; ``duplex``: the other way is busy too."""
+        if direction not in ("h2d", "d2h"):
+            raise ValueError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
+        bw = self.h2d_bytes_per_s if direction == "h2d" else self.d2h_bytes_per_s
+        if duplex:
+            bw = min(bw, self.duplex_bytes_per_s / 2)
+        return nbytes / bw
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "DeviceSpec":
+        return cls(**json.loads(text))
+
+
+# Published figures: V100-PCIe (14 TFLOP/s FP32, 900 GB/s HBM2), A100-40G-PCIe
+# (19.5 TFLOP/s FP32, 1555 GB/s), H100-PCIe (51 TFLOP/s FP32, 2000 GB/s).  Kernels
+# reach ~70% of peak FLOP/s, which is what the roofline should see.  Link rates
+# are what cudaMemcpyAsync on pinned memory achieves on PCIe 3/4/5 x16.
+PRESETS: dict[str, DeviceSpec] = {
+    "v100-16g-pcie3": DeviceSpec(
+        name="v100-16g-pcie3", memory_bytes=16 * GiB, peak_flops=0.7 * 14.0e12,
+        memory_bandwidth_bytes_per_s=0.8 * 900 * GB, h2d_bytes_per_s=12 * GB,
+        d2h_bytes_per_s=12 * GB, duplex_bytes_per_s=20 * GB, launch_overhead_s=5e-6),
+    "a100-40g-pcie4": DeviceSpec(
+        name="a100-40g-pcie4", memory_bytes=40 * GiB, peak_flops=0.7 * 19.5e12,
+        memory_bandwidth_bytes_per_s=0.8 * 1555 * GB, h2d_bytes_per_s=24 * GB,
+        d2h_bytes_per_s=24 * GB, duplex_bytes_per_s=40 * GB, launch_overhead_s=4e-6),
+    "h100-80g-pcie5": DeviceSpec(
+        name="h100-80g-pcie5", memory_bytes=80 * GiB, peak_flops=0.7 * 51.0e12,
+        memory_bandwidth_bytes_per_s=0.8 * 2000 * GB, h2d_bytes_per_s=50 * GB,
+        d2h_bytes_per_s=50 * GB, duplex_bytes_per_s=80 * GB, launch_overhead_s=4e-6),
+}
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tfswap"
+
+
+def measure_host_copy_bandwidth(nbytes: int = 64 << 20, repeats: int = 5) -> float:
+    """Best-of-``repeats`` bytes/s of one host memcpy of ``nbytes`` (numpy copy)."""
+    import numpy as np
+
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best
+
+
+def cpu_emulated(memory_bytes: int = 8 * GiB, cache: bool = True) -> DeviceSpec:
+    """The emulated device (CPU:0 as device, CPU:1 as host; swaps are memcpys).
+
+    The memcpy bandwidth is measured once and cached in ``~/.cache/tfswap``
+    (``XDG_CACHE_HOME`` moves the cache, as everywhere); compute figures are
+    rough single-core numbers, replaced by measured profiles in practice.
+    """
+    path = _cache_dir() / "host_copy_bandwidth.json"
+    bw = None
+    if cache and path.exists():
+        try:
+            bw = float(json.loads(path.read_text())["bytes_per_s"])
+        except (ValueError, KeyError, OSError):
+            bw = None
+    if bw is None:
+        bw = measure_host_copy_bandwidth()
+        if cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"bytes_per_s": bw}))
+    return DeviceSpec(
+        name="cpu-emulated", memory_bytes=memory_bytes, peak_flops=50e9,
+        memory_bandwidth_bytes_per_s=bw, h2d_bytes_per_s=bw, d2h_bytes_per_s=bw,
+        duplex_bytes_per_s=bw, launch_overhead_s=2e-6)
+
+
+def device_spec(name: str | DeviceSpec) -> DeviceSpec:
+    """A preset by name ("v100-16g-pcie3", "a100-40g-pcie4", "h100-80g-pcie5",
+    "cpu-emulated"), or a DeviceSpec passed through."""
+    if isinstance(name, DeviceSpec):
+        return name
+    if name == "cpu-emulated":
+        return cpu_emulated()
+    if name not in PRESETS:
+        raise ValueError(f"unknown device spec {name!r}; use one of "
+                         f"{sorted(PRESETS) + ['cpu-emulated']} or pass a DeviceSpec")
+    return PRESETS[name]
+
+
+def with_memory(spec: DeviceSpec, memory_bytes: int) -> DeviceSpec:
+    """The same device with a different memory size (for what-if studies)."""
+    return replace(spec, memory_bytes=memory_bytes)
