@@ -5,6 +5,10 @@ tensor followed by one per captured tensor (variable handles and captured
 constants).  Everything downstream -- IR, rewrite, runtime -- works on this
 value and never on the ConcreteFunction again.
 
+By default the graph captured is the one Grappler makes of the function
+(:mod:`tfswap.tf.grappler`), because that is what TensorFlow would run and
+what tfswap must reproduce bit for bit with Grappler off.
+
 Example::
 
     step = tf.function(train_step)
@@ -21,6 +25,8 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.util import nest
+
+from tfswap.tf import grappler
 
 
 class CaptureError(ValueError):
@@ -56,6 +62,8 @@ class CapturedFunction:
     structured_outputs: Any             # nest structure of the outputs, Tensors as leaves
     input_signature: Any                # cf.structured_input_signature
     name: str
+    device: str = ""                    # where unplaced ops were put before Grappler ran
+    grappler_optimized: bool = False
 
     @property
     def feeds(self) -> tuple[str, ...]:
@@ -80,8 +88,13 @@ def _signature_paths(signature) -> list[str]:
     return paths
 
 
-def capture(concrete_fn) -> CapturedFunction:
+def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> CapturedFunction:
     """Capture a ``tf.function`` ConcreteFunction for planning and rewriting.
+
+    ``optimize``: capture the graph Grappler produces for it (the default, and
+    what makes the rewritten step compute exactly what the function computes);
+    False keeps the traced graph as written.  ``device``: where the step will
+    run (default: the first GPU, else CPU:0); Grappler fuses per device type.
 
     Raises :class:`CaptureError` for anything that is not a ConcreteFunction
     and for argument shapes with unknown dimensions (tfswap plans bytes, so
@@ -138,13 +151,20 @@ def capture(concrete_fn) -> CapturedFunction:
     if missing:  # pragma: no cover - guards against TF changing output bookkeeping
         raise CaptureError(f"outputs {missing} are not among the function's outputs")
 
+    control_outputs = tuple(op.name for op in graph.control_outputs)
+    graph_def = graph.as_graph_def(add_shapes=True)
+    device = device or grappler.default_device()
+    if optimize:
+        graph_def = grappler.optimize(graph_def, fetches, control_outputs, device)
     return CapturedFunction(
-        graph_def=graph.as_graph_def(add_shapes=True),
+        graph_def=graph_def,
         args=tuple(args),
         captures=captures,
         fetches=fetches,
-        control_outputs=tuple(op.name for op in graph.control_outputs),
+        control_outputs=control_outputs,
         structured_outputs=structured,
         input_signature=concrete_fn.structured_input_signature,
         name=getattr(concrete_fn, "name", "function"),
+        device=device,
+        grappler_optimized=optimize,
     )

@@ -17,18 +17,20 @@ import tensorflow as tf
 
 from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.tf.capture import CapturedFunction
+from tfswap.tf.shapes import static_shapes
 
 _UNSWAPPABLE = (tf.resource, tf.variant, tf.string)
 
 
-def tensor_bytes(tensor: tf.Tensor) -> int:
+def tensor_bytes(dtype: tf.DType, shape: tf.TensorShape) -> int:
     """Bytes of a tensor's buffer (0 where the size is not a plain product)."""
-    if tensor.dtype in _UNSWAPPABLE or not tensor.shape.is_fully_defined():
+    if dtype in _UNSWAPPABLE or not shape.is_fully_defined():
         return 0
-    return int(np.prod(tensor.shape.as_list(), dtype=np.int64)) * tensor.dtype.size
+    return int(np.prod(shape.as_list(), dtype=np.int64)) * dtype.size
 
 
 def to_dataflow_graph(captured: CapturedFunction) -> DataflowGraph:
+    shapes = static_shapes(captured, captured.graph_def)
     graph = tf.Graph()
     with graph.as_default():
         tf.graph_util.import_graph_def(captured.graph_def, name="")
@@ -53,8 +55,9 @@ def to_dataflow_graph(captured: CapturedFunction) -> DataflowGraph:
             control_inputs=tuple(c.name for c in op.control_inputs),
             device=op.device))
         for t in op.outputs:
+            shape = shapes[t.name]
             tensors.append(Tensor(
-                name=t.name, nbytes=tensor_bytes(t), dtype=t.dtype.name,
-                shape=tuple(t.shape.as_list()) if t.shape.rank is not None else (),
-                swappable=t.dtype not in _UNSWAPPABLE and t.shape.is_fully_defined()))
+                name=t.name, nbytes=tensor_bytes(t.dtype, shape), dtype=t.dtype.name,
+                shape=tuple(shape.as_list()) if shape.rank is not None else (),
+                swappable=t.dtype not in _UNSWAPPABLE and shape.is_fully_defined()))
     return DataflowGraph.build(ops, tensors)

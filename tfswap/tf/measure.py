@@ -126,9 +126,11 @@ def measure(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
                                  "tfswap can only measure steps whose resources are variables")
             else:
                 input_map[cap.name] = tf.constant(value_np)
+    present = {node.name for node in graph_def.node}  # Grappler may prune unused inputs
     with graph.as_default():
         fetches = tf.graph_util.import_graph_def(
-            graph_def, input_map=input_map, return_elements=list(captured.fetches), name="")
+            graph_def, input_map={k: v for k, v in input_map.items()
+                                  if k.partition(":")[0] in present}, return_elements=list(captured.fetches), name="")
         # A Session runs only what its fetches need; the step's variable
         # updates are its control outputs.
         targets = [graph.get_operation_by_name(n) for n in captured.control_outputs]

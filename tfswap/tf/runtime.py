@@ -39,8 +39,9 @@ def grappler_config() -> config_pb2.ConfigProto:
     dependency optimizers off.  Its other passes still bypass or fold ops of
     the control chain, so large ops ran out of the planned order and the
     measured peak drifted from plan to plan.  With the meta optimizer off the
-    executed order is the planned one; the price is the remapper's fusions
-    (numerics then differ from the original in the last bits, see tests).
+    executed order is the planned one; what Grappler would have fused or
+    folded is already in the graph, because capture plans on Grappler's
+    output (:mod:`tfswap.tf.grappler`).
     """
     config = config_pb2.ConfigProto()
     rewrite = config.graph_options.rewrite_options
@@ -72,11 +73,16 @@ class BoundFunction:
         specs = [tf.TensorSpec(a.shape, a.dtype, name=a.name.partition(":")[0])
                  for a in captured.args]
 
+        # Grappler may have pruned the placeholder of an unused argument or capture.
+        present = {node.name for node in graph_def.node}
+
         def body(*args):
             graph = tf.compat.v1.get_default_graph()
-            input_map = {a.name: t for a, t in zip(captured.args, args)}
+            input_map = {a.name: t for a, t in zip(captured.args, args)
+                         if a.name.partition(":")[0] in present}
             for cap in captured.captures:
-                input_map[cap.name] = graph.capture(cap.value)
+                if cap.name.partition(":")[0] in present:
+                    input_map[cap.name] = graph.capture(cap.value)
             return tf.graph_util.import_graph_def(
                 graph_def, input_map=input_map, return_elements=list(captured.fetches),
                 name="")

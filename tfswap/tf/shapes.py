@@ -1,0 +1,37 @@
+"""Static shapes of every tensor of a captured graph, variables included.
+
+Imported on its own, a captured graph reads each variable through a
+``Placeholder`` of type resource, so nothing downstream of a ``ReadVariableOp``
+has a known shape (a convolution's output loses its channel count).  Imported
+with each such placeholder mapped to a ``VarHandleOp`` of the variable's shape
+and dtype, shape inference sees what the function runtime sees.
+
+Example::
+
+    shapes = static_shapes(captured, captured.graph_def)
+    shapes["conv1/Conv2D:0"]        # TensorShape([32, 16, 16, 64])
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfswap.tf.capture import CapturedFunction
+
+
+def static_shapes(captured: CapturedFunction, graph_def) -> dict[str, tf.TensorShape]:
+    """Tensor name -> static shape, for every output of every node of ``graph_def``."""
+    present = {node.name for node in graph_def.node}
+    graph = tf.Graph()
+    with graph.as_default():
+        input_map = {}
+        with tf.name_scope("tfswap_shapes"):  # keeps these helper nodes off the graph's names
+            for k, cap in enumerate(captured.captures):
+                if cap.variable is None or cap.name.partition(":")[0] not in present:
+                    continue
+                input_map[cap.name] = tf.raw_ops.VarHandleOp(
+                    dtype=cap.variable.dtype, shape=cap.variable.shape,
+                    shared_name=f"tfswap_shapes_{k}")
+        tf.graph_util.import_graph_def(graph_def, input_map=input_map, name="")
+    return {t.name: t.shape for op in graph.get_operations()
+            if not op.name.startswith("tfswap_shapes/") for t in op.outputs}
