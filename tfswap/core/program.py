@@ -80,7 +80,10 @@ def buffer_classes(cg: CompiledGraph, allocation: Allocation) -> np.ndarray:
         raise ValueError(f"the allocation's small threshold ({allocation.small_threshold_bytes} "
                          f"bytes) differs from the compiled graph's "
                          f"({cg.small_threshold_bytes}); compile with the same threshold")
-    ts_class = np.asarray([size_class_of(allocation, s) for s in cg.ts], dtype=np.int32)
+    if cg.ts and (not allocation.class_bytes or cg.ts[-1] > allocation.class_bytes[-1]):
+        size_class_of(allocation, cg.ts[-1])  # raises, saying what is wrong
+    ts_class = np.searchsorted(np.asarray(allocation.class_bytes, dtype=np.int64),
+                               np.asarray(cg.ts, dtype=np.int64), side="left").astype(np.int32)
     return ts_class[cg.buf_size_index] if cg.n_buffers else np.zeros(0, np.int32)
 
 

@@ -270,9 +270,12 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
     if kc < n or hi < len(ins) or di < len(d2h_list):
         raise PlanError("the plan deadlocks: some op or copy waits for something that never "
                         "happens (check in_after, in_wait_for and out_before)")
+    busy = 0.0
+    for x in times:  # left to right, as the native simulator adds (not math.fsum)
+        busy += x
     return dict(
         step_time_s=t, peak_bytes=0 if infinite else peak + allocation.small_pool_bytes,
-        h2d_bytes=h2d_bytes, d2h_bytes=d2h_bytes, stall_s=max(0.0, last_op_end - sum(times)),
+        h2d_bytes=h2d_bytes, d2h_bytes=d2h_bytes, stall_s=max(0.0, last_op_end - busy),
         class_peak_objects=() if infinite else tuple(peak_use), events=tuple(ev),
         allocation_events=tuple(alloc_events))
 
