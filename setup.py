@@ -10,6 +10,7 @@ without isolation::
 (``make test`` / ``make demo`` do both.)
 """
 
+import hashlib
 from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
@@ -17,10 +18,22 @@ from setuptools.command.build_ext import build_ext
 
 
 class BuildTfOps(build_ext):
-    """Compile tfswap/ops/*.cc with g++ and tf.sysconfig flags."""
+    """Compile tfswap/ops/*.cc with g++ and tf.sysconfig flags, and the
+    framework-free planner library (plain g++, no TensorFlow)."""
 
     def build_extension(self, ext):
         import importlib.util
+
+        if ext.name == "tfswap.core.native._planner_sim":
+            spec = importlib.util.spec_from_file_location(
+                "_tfswap_native_build", Path(__file__).parent / "tfswap" / "_native_build.py")
+            native_build = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(native_build)
+            out = Path(self.get_ext_fullpath(ext.name))
+            native_build.compile_shared([Path(s) for s in ext.sources], out)
+            digest = hashlib.sha256(Path(ext.sources[0]).read_bytes()).hexdigest()[:12]
+            out.with_name(out.name + ".srchash").write_text(digest + "\n")
+            return
 
         import tensorflow as tf
 
@@ -45,8 +58,11 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["tfswap", "tfswap.*"]),
-    package_data={"tfswap.ops": ["*.cc", "*.h", "*.tfversion"]},
-    ext_modules=[Extension("tfswap.ops._tfswap_ops", sources=["tfswap/ops/swap_ops.cc"])],
+    package_data={"tfswap.ops": ["*.cc", "*.h", "*.tfversion"],
+                  "tfswap.core.native": ["*.cc", "*.srchash"]},
+    ext_modules=[Extension("tfswap.ops._tfswap_ops", sources=["tfswap/ops/swap_ops.cc"]),
+                 Extension("tfswap.core.native._planner_sim",
+                           sources=["tfswap/core/native/planner_sim.cc"])],
     cmdclass={"build_ext": BuildTfOps},
     install_requires=["numpy>=1.24", "deap>=1.4"],
     extras_require={

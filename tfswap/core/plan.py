@@ -14,6 +14,14 @@ Example::
     )
     plan.save("step.plan.json")
     assert Plan.load("step.plan.json") == plan
+
+Version 2 adds what the swap planner (:mod:`tfswap.core.planner`) decides
+besides round trips: the memory pool (:class:`Allocation`), the parameters
+that stay on the device between steps (``resident_parameters``), and swaps of
+other kinds (``Swap.kind``): a parameter fetched from its host home
+("prefetch"), an updated parameter written back ("writeback"), and a device
+copy discarded without a copy because the host copy is current ("drop").
+Version-1 files still load (no allocation, no resident parameters).
 """
 
 from __future__ import annotations
@@ -22,7 +30,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+SWAP_KINDS = ("round_trip", "prefetch", "writeback", "drop")
 
 
 class PlanFormatError(ValueError):
@@ -31,14 +41,30 @@ class PlanFormatError(ValueError):
 
 @dataclass(frozen=True)
 class Swap:
-    """One round trip of a tensor to host memory and back.
+    """A move of a tensor between device and host memory.
 
-    ``out_after``: the swap-out starts once this op has run (normally the
-    tensor's last reader before the gap).  ``in_after``: the trigger, the
-    swap-in starts once this op has run.  ``in_wait_for``: ids of swaps whose
-    swap-out must finish first (they free the memory this swap-in fills).
+    ``kind`` (default "round_trip"): one round trip of a tensor to host memory
+    and back.  ``out_after``: the swap-out starts once this op has run
+    (normally the tensor's last reader before the gap).  ``in_after``: the
+    trigger, the swap-in starts once this op has run ("" for a swap-in that
+    may start with the step).  ``in_wait_for``: ids of swaps whose swap-out
+    must finish first (they free the memory this swap-in fills).
     ``consumers``: ops that read the swapped-in copy; any other reader keeps
-    reading the original, so it must run before the gap.
+    reading the original, so it must run before the gap.  ``out_before``: ops
+    that must not start before this swap-out has finished (they allocate the
+    memory it frees).
+
+    Other kinds leave the fields that do not apply empty:
+    "prefetch": a parameter copied in from its host home (no swap-out,
+    ``out_after`` ""); "writeback": an updated parameter copied back to its
+    host home and not needed again in the step (no swap-in, no consumers);
+    "drop": a device copy whose host copy is current is discarded after
+    ``out_after`` (nothing is copied; ``bytes`` is what it frees).
+
+    Example::
+
+        Swap("w1:0", out_after="", in_after="", consumers=("conv1",),
+             kind="prefetch", bytes=4 << 20)
     """
 
     tensor: str
@@ -48,17 +74,81 @@ class Swap:
     in_wait_for: tuple[str, ...] = ()
     bytes: int = 0
     id: str = ""
+    kind: str = "round_trip"
+    out_before: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.id:
             object.__setattr__(self, "id", self.tensor)
         object.__setattr__(self, "consumers", tuple(self.consumers))
         object.__setattr__(self, "in_wait_for", tuple(self.in_wait_for))
-        if not self.consumers:
+        object.__setattr__(self, "out_before", tuple(self.out_before))
+        if self.kind not in SWAP_KINDS:
+            raise ValueError(f"swap of {self.tensor}: kind {self.kind!r} is not one of "
+                             f"{SWAP_KINDS}")
+        has_in = self.kind in ("round_trip", "prefetch")
+        has_out = self.kind in ("round_trip", "writeback", "drop")
+        if has_in and not self.consumers:
             raise ValueError(f"swap of {self.tensor}: no consumer reads the swapped-in copy; "
                              "a tensor that is not needed again should be freed, not swapped")
+        if not has_in and (self.consumers or self.in_after or self.in_wait_for):
+            raise ValueError(f"{self.kind} of {self.tensor}: has no swap-in, so consumers, "
+                             "in_after and in_wait_for must be empty")
+        if has_out and not self.out_after:
+            raise ValueError(f"{self.kind} of {self.tensor}: out_after must name the op "
+                             "after which the device copy is released")
+        if not has_out and (self.out_after or self.out_before):
+            raise ValueError(f"prefetch of {self.tensor}: has no swap-out, so out_after and "
+                             "out_before must be empty")
         if self.bytes < 0:
             raise ValueError(f"swap of {self.tensor}: bytes must be >= 0, got {self.bytes}")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A memory pool: size classes and how many objects each has (bytes).
+
+    A pool tensor of ``s`` bytes takes one object of the smallest class whose
+    size is >= ``s``.  Tensors smaller than ``small_threshold_bytes`` (and
+    tensors of kind "small") live in a separate small-tensor pool of
+    ``small_pool_bytes`` and are never swapped.  :mod:`tfswap.core.allocation`
+    builds these from the paper's TS/CLS/CNT encoding.
+
+    Example::
+
+        Allocation(class_bytes=(1 << 20, 2 << 20), class_count=(8, 1))
+        # 8 objects of 1 MiB and 1 of 2 MiB: 10 MiB of pool
+    """
+
+    class_bytes: tuple[int, ...]
+    class_count: tuple[int, ...]
+    small_pool_bytes: int = 0
+    small_threshold_bytes: int = 1 << 20
+
+    def __post_init__(self):
+        object.__setattr__(self, "class_bytes", tuple(int(b) for b in self.class_bytes))
+        object.__setattr__(self, "class_count", tuple(int(c) for c in self.class_count))
+        if len(self.class_bytes) != len(self.class_count):
+            raise ValueError(f"allocation: {len(self.class_bytes)} class sizes but "
+                             f"{len(self.class_count)} counts; give one count per class")
+        if any(b <= 0 for b in self.class_bytes) or any(
+                a >= b for a, b in zip(self.class_bytes, self.class_bytes[1:])):
+            raise ValueError(f"allocation: class sizes must be positive and strictly "
+                             f"increasing, got {self.class_bytes}")
+        if any(c < 0 for c in self.class_count):
+            raise ValueError(f"allocation: class counts must be >= 0, got {self.class_count}")
+        if self.small_pool_bytes < 0 or self.small_threshold_bytes < 0:
+            raise ValueError("allocation: small_pool_bytes and small_threshold_bytes "
+                             "must be >= 0")
+
+    @property
+    def pool_bytes(self) -> int:
+        """Bytes the size classes take (objects x class size), small pool excluded."""
+        return sum(b * c for b, c in zip(self.class_bytes, self.class_count))
+
+    @property
+    def total_bytes(self) -> int:
+        return self.pool_bytes + self.small_pool_bytes
 
 
 @dataclass(frozen=True)
@@ -80,10 +170,13 @@ class Plan:
     prediction: Prediction = field(default_factory=Prediction)
     graph_fingerprint: str = ""
     planner: str = "manual"
+    allocation: Allocation | None = None
+    resident_parameters: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "schedule", tuple(self.schedule))
         object.__setattr__(self, "swaps", tuple(self.swaps))
+        object.__setattr__(self, "resident_parameters", tuple(self.resident_parameters))
         seen = set()
         for op in self.schedule:
             if op in seen:
@@ -101,7 +194,8 @@ class Plan:
 
     @property
     def swapped_bytes(self) -> int:
-        return sum(s.bytes for s in self.swaps)
+        """Bytes of the tensors that move (a drop moves nothing; a round trip counts once)."""
+        return sum(s.bytes for s in self.swaps if s.kind != "drop")
 
     def to_json(self) -> str:
         body = asdict(self)
@@ -120,13 +214,15 @@ class Plan:
             raise PlanFormatError("not a tfswap plan (missing kind 'tfswap.plan'); "
                                   "re-create it with plan.save(path)")
         version = body.pop("format_version", None)
-        if version != PLAN_FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise PlanFormatError(f"plan format version {version} is not supported by this "
-                                  f"tfswap (reads version {PLAN_FORMAT_VERSION}); re-plan")
+                                  f"tfswap (reads versions {READABLE_VERSIONS}); re-plan")
         body.pop("kind")
         try:
             body["swaps"] = tuple(Swap(**s) for s in body.get("swaps", ()))
             body["prediction"] = Prediction(**body.get("prediction", {}))
+            if body.get("allocation") is not None:
+                body["allocation"] = Allocation(**body["allocation"])
             return cls(**body)
         except (TypeError, ValueError) as err:
             raise PlanFormatError(f"corrupted tfswap plan: {err}; re-plan") from err

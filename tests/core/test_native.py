@@ -1,0 +1,82 @@
+"""The native planner + simulator agree exactly with the reference Python."""
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tfswap.core import native
+from tfswap.core.compiled import CompiledGraph
+from tfswap.core.planner import InfeasibleAllocation, build_program, default_allocation
+from tfswap.core.simulator import run_program
+from tfswap.core.synthetic import layered_training_step, random_dag
+from tests.core.plan_checks import SPEC, budgets
+
+
+def agree(cg, order, alloc, host=False, margin=0.0):
+    try:
+        prog = build_program(cg, order, alloc, SPEC, recency_margin_s=margin,
+                             params_start_on_host=host)
+    except InfeasibleAllocation:
+        ev = native.evaluate(cg, order, alloc, SPEC, params_start_on_host=host,
+                             recency_margin_s=margin)
+        assert not ev.feasible
+        return None
+    ref = run_program(cg, prog, alloc, SPEC)
+    ev = native.evaluate(cg, order, alloc, SPEC, detail=True, params_start_on_host=host,
+                         recency_margin_s=margin)
+    assert ev.feasible
+    assert ev.program == prog                      # same swaps, triggers, waits, residents
+    assert ev.step_time_s == ref.step_time_s       # same operations, so bit-identical
+    assert ev.ideal_time_s == ref.ideal_time_s
+    assert ev.stall_s == ref.stall_s
+    assert (ev.peak_bytes, ev.h2d_bytes, ev.d2h_bytes) == (ref.peak_bytes, ref.h2d_bytes,
+                                                           ref.d2h_bytes)
+    assert ev.class_peak_objects == ref.class_peak_objects
+    return prog
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n_ops=st.integers(1, 50), n_params=st.integers(0, 6),
+       fraction=st.floats(0.15, 1.1), host=st.booleans(), margin=st.sampled_from([0.0, 2e-3]),
+       shuffle=st.booleans())
+def test_native_matches_reference_on_random_dags(seed, n_ops, n_params, fraction, host, margin,
+                                                 shuffle):
+    rng = np.random.default_rng(seed)
+    g = random_dag(rng, n_ops=n_ops, n_params=n_params)
+    cg = CompiledGraph.build(g)
+    order = cg.order_of(None)
+    if shuffle:  # another topological order: Kahn's with random tie-breaks
+        order = np.asarray(g.order_following(list(rng.permutation([o.name for o in g.ops]))),
+                           dtype=np.int32)
+    budget, _ = budgets(cg, order, fraction)
+    agree(cg, order, default_allocation(cg, order, budget), host, margin)
+
+
+def test_native_matches_reference_on_a_layered_step():
+    g = layered_training_step(600, seed=3)
+    cg = CompiledGraph.build(g)
+    order = cg.order_of(None)
+    for fraction in (0.4, 0.7):
+        budget, _ = budgets(cg, order, fraction)
+        prog = agree(cg, order, default_allocation(cg, order, budget))
+        assert prog is not None and prog.outs
+
+
+def test_infeasible_allocation_is_infinite_time():
+    g = random_dag(np.random.default_rng(0), n_ops=20, n_params=3)
+    cg = CompiledGraph.build(g)
+    order = cg.order_of(None)
+    alloc = default_allocation(cg, order, 1 << 62)
+    tight = type(alloc)(alloc.class_bytes, tuple(0 for _ in alloc.class_count),
+                        alloc.small_pool_bytes)
+    ev = native.evaluate(cg, order, tight, SPEC)
+    assert not ev.feasible and ev.step_time_s == float("inf")
+
+
+def test_planner_modules_import_no_tensorflow():
+    import subprocess
+    import sys
+    code = ("import sys, tfswap.core.allocation, tfswap.core.planner, tfswap.core.simulator, "
+            "tfswap.core.native, tfswap.core.synthetic; tfswap.core.native.library(); "
+            "assert 'tensorflow' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)

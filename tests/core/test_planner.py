@@ -1,0 +1,124 @@
+"""Swap planner properties on random DAGs (hypothesis) and plan conversions."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from tfswap.core.compiled import CompiledGraph
+from tfswap.core.plan import Plan
+from tfswap.core.planner import InfeasibleAllocation, build_program, default_allocation, plan_swaps
+from tfswap.core.program import from_plan, to_plan_swaps
+from tfswap.core.simulator import run_program, simulate
+from tfswap.core.synthetic import random_dag
+from tests.core.plan_checks import MB, SPEC, budgets
+
+CASES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def planned(seed, n_ops, n_params, fraction, host=False):
+    g = random_dag(np.random.default_rng(seed), n_ops=n_ops, n_params=n_params)
+    cg = CompiledGraph.build(g)
+    order = cg.order_of(None)
+    budget, full = budgets(cg, order, fraction)
+    alloc = default_allocation(cg, order, budget)
+    try:
+        prog = build_program(cg, order, alloc, SPEC, params_start_on_host=host)
+    except InfeasibleAllocation:
+        assume(False)  # e.g. unswappable tensors fill a class; the planner says so
+    return g, cg, order, alloc, prog, budget, full
+
+
+@CASES
+@given(seed=st.integers(0, 10**6), n_ops=st.integers(1, 40), n_params=st.integers(0, 6),
+       fraction=st.floats(0.2, 1.0), host=st.booleans())
+def test_plans_respect_memory_order_and_residency(seed, n_ops, n_params, fraction, host):
+    g, cg, order, alloc, prog, budget, _ = planned(seed, n_ops, n_params, fraction, host)
+    res = run_program(cg, prog, alloc, SPEC, events=True)  # raises PlanError on a violation
+    assert res.peak_bytes <= budget
+    assert all(p <= c for p, c in zip(res.class_peak_objects, alloc.class_count))
+    compute = [e for e in res.events if e.stream == "compute"]
+    h2d = [e for e in res.events if e.stream == "h2d"]
+    d2h = [e for e in res.events if e.stream == "d2h"]
+    copies = [j for j, o in enumerate(prog.outs) if o.copy]
+    out_end = {j: d2h[i].end_s for i, j in enumerate(copies)}
+    start_of = [e.start_s for e in compute]
+    for i, r in enumerate(prog.ins):
+        # every swap-in has arrived before the op that needs it starts ...
+        assert h2d[i].end_s <= start_of[r.need]
+        # ... and a round trip's swap-in starts after its swap-out has finished.
+        if r.own_out >= 0:
+            assert h2d[i].start_s >= out_end[r.own_out]
+        if r.trigger >= 0:
+            assert h2d[i].start_s >= compute[r.trigger].end_s
+    # Resident parameters at the end equal those at the start: every
+    # persistent buffer comes onto the device as often as it leaves.
+    for b in range(cg.n_buffers):
+        if cg.buf_persistent[b]:
+            n_in = sum(r.buf == b for r in prog.ins)
+            n_out = sum(o.buf == b for o in prog.outs)
+            assert n_in == n_out, cg.buf_names[b]
+    if host:
+        assert not [b for b in prog.resident if not cg.buf_pinned[b]]
+
+
+@CASES
+@given(seed=st.integers(0, 10**6), n_ops=st.integers(1, 40), n_params=st.integers(0, 6),
+       extra=st.floats(1.0, 2.0))
+def test_enough_memory_means_no_swaps_and_ideal_time(seed, n_ops, n_params, extra):
+    g = random_dag(np.random.default_rng(seed), n_ops=n_ops, n_params=n_params)
+    cg = CompiledGraph.build(g)
+    full = default_allocation(cg, cg.order_of(None), 1 << 62)
+    plan = plan_swaps(g, int(full.total_bytes * extra) + 1, SPEC, compiled=cg)
+    assert plan.swaps == ()
+    assert plan.prediction.step_time_s == plan.prediction.ideal_time_s
+    assert sorted(plan.resident_parameters) == sorted(
+        cg.buf_names[b] for b in range(cg.n_buffers) if cg.buf_persistent[b])
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6), fraction=st.floats(0.2, 0.9))
+def test_plan_round_trips_through_names_and_json(seed, fraction):
+    g, cg, order, alloc, prog, budget, _ = planned(seed, 30, 4, fraction)
+    swaps, resident = to_plan_swaps(cg, prog)
+    back = from_plan(cg, [g.ops[o].name for o in order], swaps, resident)
+    assert back == prog
+    plan = plan_swaps(g, budget, SPEC, allocation=alloc, compiled=cg)
+    assert Plan.from_json(plan.to_json()) == plan
+    again = simulate(g, Plan.from_json(plan.to_json()), SPEC)
+    assert again.step_time_s == plan.prediction.step_time_s
+
+
+def test_updated_parameters_are_written_back_and_clean_ones_dropped():
+    checked = 0
+    for seed in range(30):
+        g = random_dag(np.random.default_rng(seed), n_ops=30, n_params=5)
+        cg = CompiledGraph.build(g)
+        budget, _ = budgets(cg, cg.order_of(None), 0.5)
+        try:
+            plan = plan_swaps(g, budget, SPEC, compiled=cg, params_start_on_host=True)
+        except InfeasibleAllocation:
+            continue
+        modified = {cg.buf_names[b] for b in range(cg.n_buffers) if cg.buf_modified[b]}
+        for s in plan.swaps:
+            if s.kind == "writeback":
+                assert s.tensor in modified
+            if s.kind == "drop":
+                assert g.tensor(s.tensor).kind in ("parameter", "optimizer_state")
+        # Parameters start on the host and end there: every one that was
+        # updated on the device is copied back, none is just dropped after it.
+        loaded = {s.tensor for s in plan.swaps if s.kind == "prefetch"}
+        assert modified & loaded <= {s.tensor for s in plan.swaps
+                                     if s.kind in ("writeback", "round_trip")}
+        checked += bool(modified & loaded)
+    assert checked >= 5
+
+
+def test_bad_inputs_say_what_to_do():
+    g = random_dag(np.random.default_rng(1), n_ops=10, n_params=2)
+    with pytest.raises(ValueError, match="budget_bytes must be > 0"):
+        plan_swaps(g, 0, SPEC)
+    with pytest.raises(ValueError, match="not a topological order"):
+        plan_swaps(g, 1 << 40, SPEC, schedule=[op.name for op in reversed(g.ops)])
+    with pytest.raises(ValueError, match="raise the memory budget"):
+        plan_swaps(g, 2 * MB, SPEC)

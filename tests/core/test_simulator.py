@@ -1,0 +1,78 @@
+"""The three-stream simulator on hand-made plans."""
+
+import pytest
+
+from tfswap.core.devices import DeviceSpec
+from tfswap.core.graph import DataflowGraph, Op, Tensor
+from tfswap.core.plan import Allocation, Plan, Swap
+from tfswap.core.simulator import PlanError, simulate
+
+MB = 1 << 20
+LINK = DeviceSpec("link", memory_bytes=1 << 30, peak_flops=1.0, memory_bandwidth_bytes_per_s=1.0,
+                  h2d_bytes_per_s=MB, d2h_bytes_per_s=MB, duplex_bytes_per_s=MB,
+                  launch_overhead_s=0.0)
+
+
+def chain():
+    """a -> b -> c -> d, d also reads a (a is live across b and c)."""
+    ops = [Op("a", "X", time_s=1.0), Op("b", "X", ("a:0",), time_s=1.0),
+           Op("c", "X", ("b:0",), time_s=4.0), Op("d", "X", ("c:0", "a:0"), time_s=1.0)]
+    return DataflowGraph.build(ops, [Tensor(f"{o.name}:0", MB) for o in ops])
+
+
+def test_no_swaps_runs_at_ideal_time_and_allocates_lifo():
+    g = chain()
+    plan = Plan(schedule=("a", "b", "c", "d"), allocation=Allocation((MB,), (3,)))
+    r = simulate(g, plan, LINK, events=True)
+    assert r.step_time_s == r.ideal_time_s == 7.0 and r.stall_s == 0.0
+    assert r.peak_bytes == 3 * MB and r.class_peak_objects == (3,)
+    first = r.allocation_events[0]
+    assert (first.tensor, first.is_alloc, first.object_index) == ("a:0", True, 0)
+    # b is freed after c, so d's output reuses b's object (LIFO)
+    by = {(e.tensor, e.is_alloc): e.object_index for e in r.allocation_events}
+    assert by[("d:0", True)] == by[("b:0", False)]
+
+
+def test_round_trip_swap_in_waits_for_its_swap_out():
+    """a:0 leaves after b (alone on the link: 1 s) and comes back for d."""
+    g = chain()
+    swap = Swap("a:0", out_after="b", in_after="b", consumers=("d",), bytes=MB)
+    plan = Plan(schedule=("a", "b", "c", "d"), swaps=(swap,), allocation=Allocation((MB,), (3,)))
+    r = simulate(g, plan, LINK, events=True)
+    out = next(e for e in r.events if e.stream == "d2h")
+    back = next(e for e in r.events if e.stream == "h2d")
+    assert (out.start_s, out.end_s) == (2.0, 3.0)        # alone on the link: 1 s
+    assert back.start_s == 3.0 and back.end_s == 4.0     # waits for its own swap-out
+    assert r.step_time_s == 7.0 and r.d2h_bytes == r.h2d_bytes == MB
+
+
+def test_concurrent_copies_run_at_half_rate():
+    ops = [Op("w", "ReadVariableOp"), Op("x", "X", time_s=0.5),
+           Op("y", "X", ("x:0",), time_s=10.0), Op("z", "X", ("y:0", "w:0", "x:0"), time_s=1.0)]
+    g = DataflowGraph.build(ops, [Tensor("w:0", MB, kind="parameter"), Tensor("x:0", MB),
+                                  Tensor("y:0", MB), Tensor("z:0", MB)])
+    swaps = (Swap("w:0", out_after="", in_after="x", consumers=("z",), bytes=MB, kind="prefetch"),
+             Swap("x:0", out_after="x", in_after="y", consumers=("z",), bytes=MB))
+    plan = Plan(schedule=("w", "x", "y", "z"), swaps=swaps,
+                allocation=Allocation((MB,), (4,)), resident_parameters=())
+    r = simulate(g, plan, LINK, events=True)
+    w_in = next(e for e in r.events if e.stream == "h2d" and e.name == "w:0")
+    x_out = next(e for e in r.events if e.stream == "d2h")
+    # both start at 0.5 and share the 1 MB/s duplex link: 2 s each
+    assert (w_in.start_s, w_in.end_s, x_out.start_s, x_out.end_s) == (0.5, 2.5, 0.5, 2.5)
+
+
+def test_reading_data_that_is_not_on_the_device_is_an_error():
+    ops = [Op("w", "ReadVariableOp"), Op("x", "X", ("w:0",), time_s=1.0)]
+    g = DataflowGraph.build(ops, [Tensor("w:0", MB, kind="parameter"), Tensor("x:0", MB)])
+    with pytest.raises(PlanError, match="not on the device"):
+        simulate(g, Plan(schedule=("w", "x"), allocation=Allocation((MB,), (2,)),
+                         resident_parameters=(), swaps=()), LINK)
+
+
+def test_version1_plans_still_simulate():
+    g = chain()
+    text = Plan(schedule=("a", "b", "c", "d")).to_json().replace(
+        '"format_version": 2', '"format_version": 1')
+    r = simulate(g, Plan.from_json(text), LINK)
+    assert r.step_time_s == 7.0

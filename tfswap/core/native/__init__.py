@@ -1,0 +1,163 @@
+"""The compiled planner + simulator: the genetic search's inner loop.
+
+``pip install .`` builds ``planner_sim.cc`` next to this file; if that build
+is missing or was made from other sources, :func:`library` compiles a copy
+into ``~/.cache/tfswap/core-<hash>/`` with g++ (a second or two, once).
+The library is plain C++ called through ctypes; it follows the reference
+planner (:mod:`tfswap.core.planner`) and simulator exactly.
+
+Example::
+
+    cg = CompiledGraph.build(graph)
+    ev = evaluate(cg, cg.order_of(None), allocation, spec)
+    ev.step_time_s, ev.peak_bytes
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tfswap._native_build import cache_path, compile_shared
+from tfswap.core.compiled import CompiledGraph
+from tfswap.core.devices import DeviceSpec
+from tfswap.core.plan import Allocation
+from tfswap.core.program import InRec, OutRec, Program, buffer_classes
+
+SOURCE = Path(__file__).resolve().parent / "planner_sim.cc"
+LIBRARY_MODULE = "tfswap.core.native._planner_sim"
+
+_lock = threading.Lock()
+_lib = None
+
+
+def source_hash() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+
+
+def _installed() -> Path | None:
+    spec = importlib.util.find_spec(LIBRARY_MODULE)
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin)
+    stamp = path.with_name(path.name + ".srchash")
+    if not stamp.exists() or stamp.read_text().strip() != source_hash():
+        return None
+    return path
+
+
+def library() -> ctypes.CDLL:
+    """Load (once) the native library, compiling it into the cache if needed."""
+    global _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        path = _installed()
+        if path is None:
+            path = cache_path("core", [SOURCE], "libtfswap_core.so")
+            if not path.exists():
+                compile_shared([SOURCE], path)
+        lib = ctypes.CDLL(str(path))
+        p = ctypes.c_void_p
+        lib.tfswap_plan_simulate.restype = ctypes.c_int
+        lib.tfswap_plan_simulate.argtypes = (
+            [ctypes.c_int, p, ctypes.c_int] + [p] * 10 + [p, p, ctypes.c_int, p, p,
+                                                          ctypes.c_int64]
+            + [ctypes.c_double] * 4 + [ctypes.c_int, p, p, p, ctypes.c_int64, p, p, p, p])
+        _lib = lib
+        return lib
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What one (schedule, allocation) gives; ``feasible`` False: some op cannot
+    get its objects (then the time is infinite)."""
+    feasible: bool
+    step_time_s: float
+    ideal_time_s: float
+    stall_s: float
+    peak_bytes: int
+    h2d_bytes: int
+    d2h_bytes: int
+    n_swap_outs: int
+    n_swap_ins: int
+    passes: int
+    class_peak_objects: tuple[int, ...] = ()
+    program: Program | None = None
+
+
+def _ptr(a: np.ndarray):
+    return a.ctypes.data
+
+
+def _graph_args(cg: CompiledGraph):
+    cached = cg.__dict__.get("_native_args")
+    if cached is None:
+        arrays = [np.ascontiguousarray(a) for a in (
+            cg.op_time, cg.buf_bytes, cg.buf_persistent, cg.buf_pinned, cg.buf_modified,
+            cg.buf_kept, cg.op_in_ptr, cg.op_in, cg.op_in_write, cg.op_out_ptr, cg.op_out)]
+        args = (cg.n_ops, _ptr(arrays[0]), cg.n_buffers, *[_ptr(a) for a in arrays[1:]])
+        cached = (arrays, args)  # the arrays keep the pointers valid
+        object.__setattr__(cg, "_native_args", cached)
+    return cached[1]
+
+
+def evaluate(cg: CompiledGraph, order: np.ndarray, allocation: Allocation, spec: DeviceSpec, *,
+             recency_margin_s: float = 0.0, params_start_on_host: bool = False,
+             detail: bool = False, buf_class: np.ndarray | None = None) -> Evaluation:
+    """Plan and simulate ``order`` under ``allocation`` (the GA's fitness).
+
+    ``order``: op ids in schedule order (``cg.order_of(names)``; not checked
+    here, for speed).  ``detail``: also return the planned Program.
+    ``buf_class``: the buffers' size classes if already known.
+    """
+    lib = library()
+    order = np.ascontiguousarray(order, dtype=np.int32)
+    if len(order) != cg.n_ops:
+        raise ValueError(f"order has {len(order)} ops, the graph {cg.n_ops}")
+    if buf_class is None:
+        buf_class = buffer_classes(cg, allocation)
+    buf_class = np.ascontiguousarray(buf_class, dtype=np.int32)
+    counts = np.asarray(allocation.class_count, dtype=np.int64)
+    sizes = np.asarray(allocation.class_bytes, dtype=np.int64)
+    metrics = np.zeros(3, dtype=np.float64)
+    ints = np.zeros(8, dtype=np.int64)
+    class_peak = np.zeros(max(1, len(counts)), dtype=np.int64)
+    cap = 0
+    d_out = d_in = d_wait = d_res = None
+    if detail:
+        cap = 2 * (len(cg.op_in) + len(cg.op_out) + cg.n_buffers) + 1
+        d_out = np.zeros(3 * cap, np.int32)
+        d_in = np.zeros(5 * cap, np.int32)
+        d_wait = np.zeros(2 * cap, np.int32)
+        d_res = np.zeros(max(1, cg.n_buffers), np.int32)
+    status = lib.tfswap_plan_simulate(
+        *_graph_args(cg), _ptr(order), _ptr(buf_class), len(counts), _ptr(counts), _ptr(sizes),
+        allocation.small_pool_bytes, spec.h2d_bytes_per_s, spec.d2h_bytes_per_s,
+        spec.duplex_bytes_per_s, float(recency_margin_s), int(params_start_on_host),
+        _ptr(metrics), _ptr(ints), _ptr(class_peak), cap,
+        *[None if a is None else _ptr(a) for a in (d_out, d_in, d_wait, d_res)])
+    if status == 1:
+        inf = float("inf")
+        return Evaluation(False, inf, inf, inf, 0, 0, 0, 0, 0, 0)
+    if status != 0:
+        raise RuntimeError(f"native planner/simulator reported an internal error ({status}); "
+                           "please report it with the graph")
+    program = None
+    if detail:
+        no, ni, nw, nr = (int(x) for x in ints[3:7])
+        outs = tuple(OutRec(int(b), int(a), bool(c)) for b, a, c in d_out[:3 * no].reshape(-1, 3))
+        ins = tuple(InRec(int(b), int(t), () if w < 0 else (int(w),), int(o), int(n))
+                    for b, t, w, o, n in d_in[:5 * ni].reshape(-1, 5))
+        waits = tuple((int(k), int(j)) for k, j in d_wait[:2 * nw].reshape(-1, 2))
+        program = Program(tuple(int(o) for o in order), tuple(int(b) for b in d_res[:nr]),
+                          outs, ins, waits)
+    return Evaluation(True, float(metrics[0]), float(metrics[1]), float(metrics[2]),
+                      int(ints[0]), int(ints[1]), int(ints[2]), int(ints[3]), int(ints[4]),
+                      int(ints[7]), tuple(int(x) for x in class_peak[:len(counts)]), program)

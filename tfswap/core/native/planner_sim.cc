@@ -1,0 +1,551 @@
+// Swap planner (SwapAdvisor §4.2) and three-stream simulator: the fast path.
+//
+// This is a line-by-line port of the reference Python in tfswap/core/planner.py
+// (_Scan, build_program), tfswap/core/program.py (canonical) and
+// tfswap/core/simulator.py (_simulate), without the event recording.  The two
+// must agree exactly (same records, same floating-point operations in the same
+// order); tests/core/test_native.py checks it on random graphs.  Read the
+// Python for the reasoning; comments here only note where C++ differs.
+//
+// Plain C ABI, no Python or TensorFlow headers: loaded with ctypes.
+// Build: g++ -O2 -std=c++17 -shared -fPIC -ffp-contract=off planner_sim.cc
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+struct OutRec { int buf, after; bool copy; };
+// A resident buffer's eviction key at the time it was pushed; stale once the
+// buffer's version moves on.  The reference scans all residents of the class
+// for the largest (not recent, next use, -last use, -buffer); a heap ordered
+// by (next use, -last use, -buffer) gives the same choice: the first entry
+// in heap order that is not recent, or else the first eligible entry.
+struct Entry { long nu; int lu, b, ver; };
+struct EntryLess {
+  bool operator()(const Entry& a, const Entry& b) const {
+    if (a.nu != b.nu) return a.nu < b.nu;
+    if (a.lu != b.lu) return a.lu > b.lu;
+    return a.b > b.b;
+  }
+};
+struct InRec { int buf, trigger, wait, own, need; };
+
+struct Graph {
+  int n_ops, n_bufs;
+  const double* op_time;
+  const int64_t* buf_bytes;
+  const int8_t *persistent, *pinned, *modified, *kept;
+  const int32_t *in_ptr, *in, *out_ptr, *out;
+  const int8_t* in_write;
+};
+
+struct Scan {
+  const Graph& g;
+  const int32_t* order;
+  const int32_t* cls;
+  int n, n_classes;
+  long never;
+  double h2d, d2h, margin;
+  std::vector<double> istart, iend;
+  std::vector<int> use_ptr, uses, last;
+  std::vector<int64_t> counts, offset;
+  // per-pass state
+  std::vector<char> resident, dirty, touched, initial;
+  std::vector<int> obj, last_use, cursor, pending_out, stamp, ver;
+  std::vector<std::vector<Entry>> heap, fresh;
+  std::vector<Entry> popped;
+  std::vector<int> qbuf, qhead, qlen, rel;
+  std::vector<int> removed;
+  std::vector<OutRec> outs;
+  std::vector<InRec> ins;
+  std::vector<std::pair<int, int>> op_waits;
+  bool removable = false;
+  bool infeasible = false;
+
+  Scan(const Graph& g_, const int32_t* order_, const int32_t* cls_, int n_classes_,
+       const int64_t* counts_, double h2d_, double d2h_, double margin_)
+      : g(g_), order(order_), cls(cls_), n(g_.n_ops), n_classes(n_classes_),
+        never(2L * g_.n_ops + 2), h2d(h2d_), d2h(d2h_), margin(margin_) {
+    istart.resize(n);
+    iend.resize(n);
+    double t = 0.0;
+    for (int k = 0; k < n; ++k) {
+      istart[k] = t;
+      t = t + g.op_time[order[k]];
+      iend[k] = t;
+    }
+    const int B = g.n_bufs;
+    use_ptr.assign(B + 1, 0);
+    for (int k = 0; k < n; ++k) {
+      int o = order[k];
+      for (int i = g.in_ptr[o]; i < g.in_ptr[o + 1]; ++i) use_ptr[g.in[i] + 1]++;
+      for (int i = g.out_ptr[o]; i < g.out_ptr[o + 1]; ++i) use_ptr[g.out[i] + 1]++;
+    }
+    for (int b = 0; b < B; ++b) use_ptr[b + 1] += use_ptr[b];
+    uses.assign(use_ptr[B], 0);
+    std::vector<int> fill(use_ptr.begin(), use_ptr.end() - 1);
+    for (int k = 0; k < n; ++k) {
+      int o = order[k];
+      for (int i = g.in_ptr[o]; i < g.in_ptr[o + 1]; ++i) uses[fill[g.in[i]]++] = k;
+      for (int i = g.out_ptr[o]; i < g.out_ptr[o + 1]; ++i) uses[fill[g.out[i]]++] = k;
+    }
+    last.assign(B, -1);
+    for (int b = 0; b < B; ++b)
+      if (use_ptr[b + 1] > use_ptr[b]) last[b] = uses[use_ptr[b + 1] - 1];
+    counts.assign(counts_, counts_ + n_classes);
+    offset.assign(n_classes + 1, 0);
+    for (int c = 0; c < n_classes; ++c) offset[c + 1] = offset[c] + counts[c];
+  }
+
+  // FIFO of free objects per class: a ring of counts[c] slots at offset[c].
+  bool q_empty(int c) const { return qlen[c] == 0; }
+  int q_pop(int c) {
+    int x = qbuf[offset[c] + qhead[c]];
+    qhead[c] = (qhead[c] + 1) % counts[c];
+    qlen[c]--;
+    return x;
+  }
+  void q_push(int c, int x) {
+    qbuf[offset[c] + (qhead[c] + qlen[c]) % counts[c]] = x;
+    qlen[c]++;
+  }
+
+  long next_use(int b) const {
+    int i = use_ptr[b] + cursor[b];
+    return i < use_ptr[b + 1] ? uses[i] : never;
+  }
+
+  void push(int b) {
+    if (g.pinned[b]) return;
+    auto& h = heap[cls[b]];
+    h.push_back({next_use(b), last_use[b], b, ver[b]});
+    std::push_heap(h.begin(), h.end(), EntryLess());
+  }
+  // No heap entry here: a buffer placed for op k is used by it, and use()
+  // pushes its new key (initial residents are pushed by run()).
+  void place(int b, int o) {
+    resident[b] = 1;
+    obj[b] = o;
+    ver[b]++;
+  }
+  void release(int b) {
+    resident[b] = 0;
+    ver[b]++;
+  }
+  void use(int b, int k, bool writes) {
+    last_use[b] = k;
+    cursor[b]++;
+    touched[b] = 1;
+    if (writes) dirty[b] = 1;
+    ver[b]++;
+    if (g.persistent[b] || g.kept[b] || last[b] != k) push(b);  // else freed right after
+  }
+  bool valid(const Entry& e) const { return resident[e.b] && ver[e.b] == e.ver; }
+
+  // Returns false if infeasible.  Outputs: object, out record (-1), trigger.
+  bool evict(int c, int k, int incoming, bool swap_in, int* o_obj, int* o_rec, int* o_trig) {
+    if (removable) {
+      // Initially resident, not yet used: their entries are pushed once, at
+      // the start, and go stale when used or released.
+      auto& f = fresh[c];
+      int e = -1;
+      while (!f.empty()) {
+        Entry top = f.front();
+        std::pop_heap(f.begin(), f.end(), EntryLess());
+        f.pop_back();
+        if (!valid(top) || stamp[top.b] == k) continue;  // stamped ones are used now
+        e = top.b;
+        break;
+      }
+      if (e >= 0) {
+        release(e);
+        removed.push_back(e);
+        *o_obj = obj[e]; *o_rec = -1; *o_trig = -1;
+        return true;
+      }
+    }
+    double in_t = swap_in ? (double)g.buf_bytes[incoming] / h2d : 0.0;
+    double limit = istart[k] + margin;
+    int best = -1, fallback = -1;
+    auto& h = heap[c];
+    popped.clear();
+    while (!h.empty()) {
+      Entry top = h.front();
+      std::pop_heap(h.begin(), h.end(), EntryLess());
+      h.pop_back();
+      if (!valid(top)) continue;
+      popped.push_back(top);
+      int b = top.b;
+      if (stamp[b] == k) continue;
+      if (fallback < 0) fallback = b;
+      bool copy = (!g.persistent[b]) || dirty[b];
+      double out_t = copy ? (double)g.buf_bytes[b] / d2h : 0.0;
+      bool recent = iend[last_use[b]] + out_t + in_t > limit;
+      if (!recent) { best = b; break; }
+    }
+    for (const Entry& x : popped) {
+      h.push_back(x);
+      std::push_heap(h.begin(), h.end(), EntryLess());
+    }
+    if (best < 0) best = fallback;
+    if (best < 0) return false;
+    int e = best;
+    release(e);
+    int q = last_use[e];
+    if (g.persistent[e] && !dirty[e]) {
+      outs.push_back({e, q, false});
+      pending_out[e] = -1;
+    } else {
+      outs.push_back({e, q, true});
+      pending_out[e] = next_use(e) < never ? (int)outs.size() - 1 : -1;
+      dirty[e] = 0;
+    }
+    *o_obj = obj[e]; *o_rec = (int)outs.size() - 1; *o_trig = q;
+    return true;
+  }
+
+  bool alloc(int b, int k, bool swap_in) {
+    int c = cls[b];
+    int o, j = -1, trigger;
+    if (!q_empty(c)) {
+      o = q_pop(c);
+      trigger = rel[o];
+    } else {
+      if (!evict(c, k, b, swap_in, &o, &j, &trigger)) return false;
+      if (!swap_in && j >= 0) op_waits.push_back({k, j});
+    }
+    if (swap_in) {
+      int own = pending_out[b];
+      if (own >= 0) trigger = std::max(trigger, outs[own].after);
+      ins.push_back({b, trigger, j, own, k});
+      pending_out[b] = -1;
+      dirty[b] = 0;
+    }
+    place(b, o);
+    return true;
+  }
+
+  // One pass; fills end_set (sorted).  Returns false if infeasible.
+  bool run(const std::vector<int>& start_set, bool removable_, std::vector<int>& end_set) {
+    const int B = g.n_bufs;
+    resident.assign(B, 0); dirty.assign(B, 0); touched.assign(B, 0); initial.assign(B, 0);
+    obj.assign(B, -1); last_use.assign(B, -1); cursor.assign(B, 0);
+    pending_out.assign(B, -1); stamp.assign(B, -1); ver.assign(B, 0);
+    removed.clear(); outs.clear(); ins.clear(); op_waits.clear();
+    heap.resize(n_classes);
+    fresh.resize(n_classes);
+    for (int c = 0; c < n_classes; ++c) { heap[c].clear(); fresh[c].clear(); }
+    qbuf.assign(offset[n_classes], 0);
+    qhead.assign(n_classes, 0);
+    qlen.assign(n_classes, 0);
+    for (int c = 0; c < n_classes; ++c)
+      for (int64_t x = offset[c]; x < offset[c + 1]; ++x) q_push(c, (int)x);
+    rel.assign(offset[n_classes], -1);
+    for (int b : start_set) {
+      int c = cls[b];
+      if (q_empty(c)) return false;
+      place(b, q_pop(c));
+      push(b);
+      initial[b] = 1;
+      dirty[b] = g.modified[b] ? 1 : 0;
+      if (!g.pinned[b]) {
+        fresh[c].push_back({next_use(b), -1, b, ver[b]});
+        std::push_heap(fresh[c].begin(), fresh[c].end(), EntryLess());
+      }
+    }
+    removable = removable_;
+    for (int k = 0; k < n; ++k) {
+      int o = order[k];
+      int a0 = g.in_ptr[o], a1 = g.in_ptr[o + 1], z0 = g.out_ptr[o], z1 = g.out_ptr[o + 1];
+      for (int i = a0; i < a1; ++i) stamp[g.in[i]] = k;
+      for (int i = z0; i < z1; ++i) stamp[g.out[i]] = k;
+      for (int i = a0; i < a1; ++i)
+        if (!resident[g.in[i]] && !alloc(g.in[i], k, true)) return false;
+      for (int i = z0; i < z1; ++i)
+        if (!alloc(g.out[i], k, false)) return false;
+      for (int i = a0; i < a1; ++i) use(g.in[i], k, g.in_write[i] != 0);
+      for (int i = z0; i < z1; ++i) use(g.out[i], k, false);
+      for (int pass = 0; pass < 2; ++pass) {
+        int lo = pass ? z0 : a0, hi = pass ? z1 : a1;
+        const int32_t* arr = pass ? g.out : g.in;
+        for (int i = lo; i < hi; ++i) {
+          int b = arr[i];
+          if (!g.persistent[b] && !g.kept[b] && last[b] == k) {
+            release(b);
+            q_push(cls[b], obj[b]);
+            rel[obj[b]] = k;
+          }
+        }
+      }
+    }
+    end_set.clear();
+    for (int b = 0; b < B; ++b)
+      if (g.persistent[b] && resident[b]) end_set.push_back(b);
+    return true;
+  }
+};
+
+struct Program {
+  std::vector<int> resident;
+  std::vector<OutRec> outs;
+  std::vector<InRec> ins;
+  std::vector<std::pair<int, int>> op_waits;
+};
+
+// canonical(): stream order and renumbering, as in program.py.
+void canonical(const std::vector<int>& resident, const std::vector<OutRec>& outs,
+               const std::vector<InRec>& ins, const std::vector<std::pair<int, int>>& waits,
+               Program* p) {
+  std::vector<int> perm(outs.size());
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = (int)i;
+  std::sort(perm.begin(), perm.end(), [&](int a, int b) {
+    if (outs[a].after != outs[b].after) return outs[a].after < outs[b].after;
+    return outs[a].buf < outs[b].buf;
+  });
+  std::vector<int> new_of(outs.size());
+  p->outs.resize(outs.size());
+  for (size_t i = 0; i < perm.size(); ++i) { new_of[perm[i]] = (int)i; p->outs[i] = outs[perm[i]]; }
+  p->ins = ins;
+  for (auto& r : p->ins) {
+    if (r.wait >= 0) r.wait = new_of[r.wait];
+    if (r.own >= 0) r.own = new_of[r.own];
+  }
+  std::sort(p->ins.begin(), p->ins.end(), [](const InRec& a, const InRec& b) {
+    if (a.need != b.need) return a.need < b.need;
+    return a.buf < b.buf;
+  });
+  p->op_waits = waits;
+  for (auto& w : p->op_waits) w.second = new_of[w.second];
+  std::sort(p->op_waits.begin(), p->op_waits.end());
+  p->resident = resident;
+  std::sort(p->resident.begin(), p->resident.end());
+}
+
+struct SimOut {
+  double step = 0, stall = 0;
+  int64_t peak = 0, h2d_bytes = 0, d2h_bytes = 0;
+  int status = 0;  // 0 ok, 2 memory over the pool, 3 deadlock
+};
+
+SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_classes,
+                const int64_t* counts, const int64_t* class_bytes, int64_t small_pool,
+                const Program& p, const std::vector<int>& last, double h2d_bw, double d2h_bw,
+                double duplex, int64_t* class_peak) {
+  SimOut r;
+  const int n = g.n_ops;
+  const double INF = std::numeric_limits<double>::infinity();
+  std::vector<int64_t> free_n(counts, counts + n_classes), in_use(n_classes, 0);
+  for (int c = 0; c < n_classes; ++c) class_peak[c] = 0;
+  int64_t used = 0, peak = 0;
+  bool over = false;
+  auto take = [&](int b) {
+    int c = cls[b];
+    if (free_n[c] == 0) { over = true; return; }
+    free_n[c]--;
+    in_use[c]++;
+    class_peak[c] = std::max(class_peak[c], in_use[c]);
+    used += class_bytes[c];
+    peak = std::max(peak, used);
+  };
+  auto give = [&](int b) {
+    int c = cls[b];
+    free_n[c]++;
+    in_use[c]--;
+    used -= class_bytes[c];
+  };
+  // need_of: ins are sorted by need; waits sorted by position; drops by out_after.
+  std::vector<int> need_ptr(n + 1, 0), wait_ptr(n + 1, 0);
+  for (auto& x : p.ins) need_ptr[x.need + 1]++;
+  for (auto& w : p.op_waits) wait_ptr[w.first + 1]++;
+  for (int k = 0; k < n; ++k) { need_ptr[k + 1] += need_ptr[k]; wait_ptr[k + 1] += wait_ptr[k]; }
+  std::vector<int> drop_ptr(n + 1, 0), drops, d2h_list;
+  for (auto& o : p.outs) if (!o.copy) drop_ptr[o.after + 1]++;
+  for (int k = 0; k < n; ++k) drop_ptr[k + 1] += drop_ptr[k];
+  drops.resize(drop_ptr[n]);
+  {
+    std::vector<int> f(drop_ptr.begin(), drop_ptr.end() - 1);
+    for (size_t j = 0; j < p.outs.size(); ++j)
+      if (!p.outs[j].copy) drops[f[p.outs[j].after]++] = (int)j; else d2h_list.push_back((int)j);
+  }
+  std::vector<char> op_done(n, 0), in_done(p.ins.size(), 0), out_fin(p.outs.size(), 0);
+  auto out_done = [&](int j) { return p.outs[j].copy ? out_fin[j] != 0 : op_done[p.outs[j].after] != 0; };
+  double t = 0.0;
+  for (int b : p.resident) take(b);
+  int kc = 0, hi = 0, di = 0;
+  const int n_in = (int)p.ins.size(), n_d = (int)d2h_list.size();
+  bool c_run = false, h_run = false, d_run = false;
+  double c_end = 0, h_rem = 0, d_rem = 0, last_op_end = 0;
+  while (true) {
+    bool started = true;
+    while (started) {
+      started = false;
+      if (!c_run && kc < n) {
+        bool ok = true;
+        for (int i = need_ptr[kc]; ok && i < need_ptr[kc + 1]; ++i) ok = in_done[i] != 0;
+        for (int i = wait_ptr[kc]; ok && i < wait_ptr[kc + 1]; ++i) ok = out_done(p.op_waits[i].second);
+        if (ok) {
+          int o = order[kc];
+          for (int i = g.out_ptr[o]; i < g.out_ptr[o + 1]; ++i) take(g.out[i]);
+          c_run = true;
+          c_end = t + g.op_time[o];
+          started = true;
+        }
+      }
+      if (!h_run && hi < n_in) {
+        const InRec& x = p.ins[hi];
+        if ((x.trigger < 0 || op_done[x.trigger]) && (x.wait < 0 || out_done(x.wait)) &&
+            (x.own < 0 || out_done(x.own))) {
+          take(x.buf);
+          h_run = true;
+          h_rem = (double)g.buf_bytes[x.buf];
+          r.h2d_bytes += g.buf_bytes[x.buf];
+          started = true;
+        }
+      }
+      if (!d_run && di < n_d) {
+        const OutRec& x = p.outs[d2h_list[di]];
+        if (op_done[x.after]) {
+          d_run = true;
+          d_rem = (double)g.buf_bytes[x.buf];
+          r.d2h_bytes += g.buf_bytes[x.buf];
+          started = true;
+        }
+      }
+    }
+    if (!(c_run || h_run || d_run)) break;
+    double rh = !d_run ? h2d_bw : std::min(h2d_bw, duplex / 2);
+    double rd = !h_run ? d2h_bw : std::min(d2h_bw, duplex / 2);
+    double th = h_run ? t + h_rem / rh : INF;
+    double td = d_run ? t + d_rem / rd : INF;
+    double te = std::min(std::min(c_run ? c_end : INF, th), td);
+    double dt = te - t;
+    if (c_run && c_end == te) {
+      int o = order[kc];
+      op_done[kc] = 1;
+      last_op_end = te;
+      for (int pass = 0; pass < 2; ++pass) {
+        int lo = pass ? g.out_ptr[o] : g.in_ptr[o], hi2 = pass ? g.out_ptr[o + 1] : g.in_ptr[o + 1];
+        const int32_t* arr = pass ? g.out : g.in;
+        for (int i = lo; i < hi2; ++i) {
+          int b = arr[i];
+          if (!g.persistent[b] && !g.kept[b] && last[b] == kc) give(b);
+        }
+      }
+      for (int i = drop_ptr[kc]; i < drop_ptr[kc + 1]; ++i) give(p.outs[drops[i]].buf);
+      c_run = false;
+      kc++;
+    }
+    if (h_run) {
+      if (th == te) { in_done[hi] = 1; h_run = false; hi++; }
+      else h_rem -= rh * dt;
+    }
+    if (d_run) {
+      if (td == te) { give(p.outs[d2h_list[di]].buf); out_fin[d2h_list[di]] = 1; d_run = false; di++; }
+      else d_rem -= rd * dt;
+    }
+    t = te;
+  }
+  if (kc < n || hi < n_in || di < n_d) { r.status = 3; return r; }
+  if (over) { r.status = 2; return r; }
+  double total = 0.0;
+  for (int k = 0; k < n; ++k) total += g.op_time[order[k]];
+  r.step = t;
+  r.stall = std::max(0.0, last_op_end - total);
+  r.peak = peak + small_pool;
+  return r;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Plan and simulate one (schedule, allocation).  Returns 0 on success,
+// 1 if the allocation is infeasible, 2/3 on an internal inconsistency.
+// metrics: [step_time_s, ideal_time_s, stall_s]; counts_out: [peak_bytes,
+// h2d_bytes, d2h_bytes, n_outs, n_ins, n_op_waits, n_resident, passes].
+// Detail arrays may be null; if given they must hold `cap` entries
+// (resident: n_bufs).
+int tfswap_plan_simulate(
+    int n_ops, const double* op_time, int n_bufs, const int64_t* buf_bytes,
+    const int8_t* persistent, const int8_t* pinned, const int8_t* modified, const int8_t* kept,
+    const int32_t* in_ptr, const int32_t* in, const int8_t* in_write, const int32_t* out_ptr,
+    const int32_t* out, const int32_t* order, const int32_t* buf_class, int n_classes,
+    const int64_t* class_count, const int64_t* class_bytes, int64_t small_pool_bytes,
+    double h2d_bw, double d2h_bw, double duplex_bw, double margin, int params_start_on_host,
+    double* metrics, int64_t* counts_out, int64_t* class_peak, int64_t cap, int32_t* d_out,
+    int32_t* d_in, int32_t* d_wait, int32_t* d_resident) {
+  Graph g{n_ops, n_bufs, op_time, buf_bytes, persistent, pinned, modified, kept,
+          in_ptr, in, out_ptr, out, in_write};
+  Scan scan(g, order, buf_class, n_classes, class_count, h2d_bw, d2h_bw, margin);
+  std::vector<int> pinned_pers, start, end, effective, next;
+  for (int b = 0; b < n_bufs; ++b)
+    if (persistent[b] && pinned[b]) pinned_pers.push_back(b);
+  int passes = 1;
+  if (!scan.run(pinned_pers, false, end)) return 1;
+  start = params_start_on_host ? pinned_pers : end;
+  if (start != pinned_pers) {
+    std::vector<char> in_end(n_bufs), is_removed(n_bufs);
+    bool converged = false;
+    for (int it = 0; it < 64; ++it) {
+      ++passes;
+      if (!scan.run(start, true, end)) return 1;
+      std::fill(in_end.begin(), in_end.end(), 0);
+      std::fill(is_removed.begin(), is_removed.end(), 0);
+      for (int b : end) in_end[b] = 1;
+      for (int b : scan.removed) is_removed[b] = 1;
+      effective.clear();
+      for (int b : start) if (!is_removed[b]) effective.push_back(b);
+      bool subset = true;
+      for (int b : effective) if (!in_end[b]) { subset = false; break; }
+      if (subset) { start = effective; converged = true; break; }
+      next.clear();
+      for (int b : effective) if (in_end[b]) next.push_back(b);
+      start = next;
+    }
+    if (!converged) return 3;
+  }
+  {
+    std::vector<char> in_start(n_bufs, 0);
+    for (int b : start) in_start[b] = 1;
+    for (int b : end)
+      if (!in_start[b]) scan.outs.push_back({b, scan.last_use[b], scan.dirty[b] != 0});
+  }
+  Program p;
+  canonical(start, scan.outs, scan.ins, scan.op_waits, &p);
+  SimOut s = simulate(g, order, buf_class, n_classes, class_count, class_bytes, small_pool_bytes,
+                      p, scan.last, h2d_bw, d2h_bw, duplex_bw, class_peak);
+  if (s.status) return s.status;
+  metrics[0] = s.step;
+  metrics[1] = n_ops ? scan.iend[n_ops - 1] : 0.0;
+  metrics[2] = s.stall;
+  counts_out[0] = s.peak;
+  counts_out[1] = s.h2d_bytes;
+  counts_out[2] = s.d2h_bytes;
+  counts_out[3] = (int64_t)p.outs.size();
+  counts_out[4] = (int64_t)p.ins.size();
+  counts_out[5] = (int64_t)p.op_waits.size();
+  counts_out[6] = (int64_t)p.resident.size();
+  counts_out[7] = passes;
+  if (d_out && (int64_t)p.outs.size() <= cap && (int64_t)p.ins.size() <= cap &&
+      (int64_t)p.op_waits.size() <= cap) {
+    for (size_t j = 0; j < p.outs.size(); ++j) {
+      d_out[3 * j] = p.outs[j].buf; d_out[3 * j + 1] = p.outs[j].after; d_out[3 * j + 2] = p.outs[j].copy;
+    }
+    for (size_t i = 0; i < p.ins.size(); ++i) {
+      const InRec& x = p.ins[i];
+      d_in[5 * i] = x.buf; d_in[5 * i + 1] = x.trigger; d_in[5 * i + 2] = x.wait;
+      d_in[5 * i + 3] = x.own; d_in[5 * i + 4] = x.need;
+    }
+    for (size_t i = 0; i < p.op_waits.size(); ++i) {
+      d_wait[2 * i] = p.op_waits[i].first; d_wait[2 * i + 1] = p.op_waits[i].second;
+    }
+    for (size_t i = 0; i < p.resident.size(); ++i) d_resident[i] = p.resident[i];
+  }
+  return 0;
+}
+
+}  // extern "C"

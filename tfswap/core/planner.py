@@ -1,0 +1,346 @@
+"""The swap planner of SwapAdvisor §4.2, for a given schedule and allocation.
+
+It scans the schedule keeping, per size class, the set of pool objects in
+use.  When an op needs an object of a class that has none free, it evicts a
+resident buffer of that class that the op does not use:
+
+* Belady: the one whose next use is farthest (a buffer not used again in
+  the step is farthest of all); ties go to the least recently used, whose
+  memory comes free earliest.
+* Recency threshold: buffers used too recently are skipped while others
+  remain.  The paper leaves the threshold open; here a candidate is "too
+  recent" when, in ideal time, its last reader's end plus its swap-out plus
+  the incoming swap-in would pass the start of the op that needs the space
+  (plus ``recency_margin_s``): evicting it would stall that op.
+* An activation (or any non-persistent buffer) is only ever evicted if it
+  is needed again, so it is copied out; a dead one was freed after its last
+  reader.  A parameter whose host copy is current is dropped (no copy); one
+  modified in the step is written back.
+
+Swap-outs are released as early as the last use allows (``out_after`` is
+the last reader before the gap).  Swap-ins start as early as memory allows:
+the object they fill is the free one released earliest (a FIFO of free
+objects per class), so the trigger is the op whose end released it, or the
+start of the step; a swap-in into an evicted buffer's object waits for that
+eviction.
+
+Parameters (and optimizer state) start on the host in the first pass; the
+ones resident at its end start on the device in the second.  In the second
+pass, pressure is first relieved by removing an initially resident
+parameter not yet used (the one used last), as the paper describes; if a
+parameter that started resident is not resident at the end, it is removed
+and the pass repeated (the paper makes two passes; this needs a third only
+then).  Parameters resident at the end but not at the start are dropped or
+written back after their last use.  So the resident set at the end of a step
+equals the set at its start.
+
+Example::
+
+    from tfswap.core.devices import device_spec
+    plan = plan_swaps(graph, budget_bytes=6 << 30, spec=device_spec("v100-16g-pcie3"))
+    plan.prediction.step_time_s, plan.swaps[:3]
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from tfswap.core import allocation as alloc_mod
+from tfswap.core.compiled import CompiledGraph
+from tfswap.core.devices import DeviceSpec
+from tfswap.core.graph import DataflowGraph
+from tfswap.core.plan import Allocation, Plan, Prediction
+from tfswap.core.program import START, InRec, OutRec, Program, buffer_classes, canonical
+
+MAX_PASSES = 64
+
+
+class InfeasibleAllocation(ValueError):
+    """An op needs more objects of a size class than the allocation has."""
+
+
+def default_allocation(cg: CompiledGraph, order: np.ndarray, budget_bytes: int) -> Allocation:
+    """One size class per distinct pool size, with as many objects as are live at
+    once without swapping, repaired down to the budget (paper §5.3).
+
+    The small-tensor pool (the most small-tensor bytes live at once under
+    ``order``) is reserved out of the budget first.
+    """
+    small = cg.small_pool_peak(order)
+    if small > budget_bytes:
+        raise ValueError(f"small tensors alone need {small} bytes but the budget is "
+                         f"{budget_bytes}; raise the budget")
+    cls = np.arange(len(cg.ts), dtype=np.int32)
+    buf_class = cls[cg.buf_size_index] if cg.n_buffers else np.zeros(0, np.int32)
+    demand = cg.class_demand(order, buf_class, len(cg.ts))
+    need = cg.op_class_need(buf_class, len(cg.ts))
+    cnt = alloc_mod.repair_counts(cg.ts, demand, budget_bytes - small, min_count=need)
+    return Allocation(class_bytes=cg.ts, class_count=cnt, small_pool_bytes=small,
+                      small_threshold_bytes=cg.small_threshold_bytes)
+
+
+def ideal_times(cg: CompiledGraph, order: Sequence[int]) -> tuple[list[float], list[float]]:
+    """Start and end of each position with infinite memory (one op after another)."""
+    start, end = [], []
+    t = 0.0
+    for o in order:
+        start.append(t)
+        t = t + float(cg.op_time[o])
+        end.append(t)
+    return start, end
+
+
+class _Scan:
+    """One pass of the planner over the schedule (reference implementation).
+
+    The native library (tfswap/core/native/planner_sim.cc) follows this code
+    step by step; keep the two in agreement (tests/core/test_native.py).
+    """
+
+    def __init__(self, cg, order, buf_class, counts, spec, margin):
+        self.cg, self.order, self.buf_class, self.counts = cg, order, buf_class, counts
+        self.n = len(order)
+        self.never = 2 * self.n + 2
+        self.h2d, self.d2h, self.margin = spec.h2d_bytes_per_s, spec.d2h_bytes_per_s, margin
+        self.istart, self.iend = ideal_times(cg, order)
+        B = cg.n_buffers
+        self.uses = [[] for _ in range(B)]
+        for k, o in enumerate(order):
+            for b in cg.op_in[cg.op_in_ptr[o]:cg.op_in_ptr[o + 1]].tolist():
+                self.uses[b].append(k)
+            for b in cg.op_out[cg.op_out_ptr[o]:cg.op_out_ptr[o + 1]].tolist():
+                self.uses[b].append(k)
+        self.last = [u[-1] if u else -1 for u in self.uses]
+
+    def run(self, start_set, removable):
+        cg, n = self.cg, self.n
+        B = cg.n_buffers
+        pers, kept = cg.buf_persistent, cg.buf_kept
+        self.resident = [False] * B
+        self.obj = [-1] * B
+        self.last_use = [-1] * B
+        self.cursor = [0] * B
+        self.dirty = [False] * B
+        self.touched = [False] * B
+        self.initial = [False] * B
+        self.pending_out = [-1] * B
+        self.stamp = [-1] * B
+        self.removed = []
+        self.outs, self.ins, self.op_waits = [], [], []
+        offset = np.concatenate([[0], np.cumsum(self.counts)]).astype(int).tolist()
+        self.queue = [deque(range(offset[c], offset[c + 1])) for c in range(len(self.counts))]
+        self.rel = [START] * offset[-1]
+        self.members = [[] for _ in self.counts]
+        for b in sorted(start_set):
+            c = self.buf_class[b]
+            if not self.queue[c]:
+                raise InfeasibleAllocation(
+                    f"class {c} has {self.counts[c]} objects, too few for the parameters "
+                    "that must stay on the device")
+            self._place(b, self.queue[c].popleft())
+            self.initial[b] = True
+            self.dirty[b] = bool(cg.buf_modified[b])
+        self.removable = removable
+        for k, o in enumerate(self.order):
+            a0, a1 = cg.op_in_ptr[o], cg.op_in_ptr[o + 1]
+            z0, z1 = cg.op_out_ptr[o], cg.op_out_ptr[o + 1]
+            reads, allocs = cg.op_in[a0:a1].tolist(), cg.op_out[z0:z1].tolist()
+            for b in reads:
+                self.stamp[b] = k
+            for b in allocs:
+                self.stamp[b] = k
+            for b in reads:
+                if not self.resident[b]:
+                    self._alloc(b, k, swap_in=True)
+            for b in allocs:
+                self._alloc(b, k, swap_in=False)
+            for i, b in enumerate(reads):
+                self._use(b, k, bool(cg.op_in_write[a0 + i]))
+            for b in allocs:
+                self._use(b, k, False)
+            for b in reads + allocs:
+                if not pers[b] and not kept[b] and self.last[b] == k:
+                    self._release(b)
+                    self.queue[self.buf_class[b]].append(self.obj[b])
+                    self.rel[self.obj[b]] = k
+        end_set = [b for b in range(B) if pers[b] and self.resident[b]]
+        return end_set
+
+    def _place(self, b, obj):
+        self.resident[b] = True
+        self.obj[b] = obj
+        self.members[self.buf_class[b]].append(b)
+
+    def _release(self, b):
+        self.resident[b] = False
+        self.members[self.buf_class[b]].remove(b)
+
+    def _use(self, b, k, writes):
+        self.last_use[b] = k
+        self.cursor[b] += 1
+        self.touched[b] = True
+        if writes:
+            self.dirty[b] = True
+
+    def _next_use(self, b):
+        u = self.uses[b]
+        return u[self.cursor[b]] if self.cursor[b] < len(u) else self.never
+
+    def _alloc(self, b, k, swap_in):
+        c = self.buf_class[b]
+        if self.queue[c]:
+            obj = self.queue[c].popleft()
+            trigger, waits = self.rel[obj], ()
+        else:
+            obj, j, trigger = self._evict(c, k, b, swap_in)
+            waits = () if j < 0 else (j,)
+            if not swap_in and j >= 0:
+                self.op_waits.append((k, j))
+        if swap_in:
+            own = self.pending_out[b]
+            if own >= 0:
+                trigger = max(trigger, self.outs[own].out_after)
+            self.ins.append(InRec(b, trigger, waits, own, k))
+            self.pending_out[b] = -1
+            self.dirty[b] = False  # a fresh copy equals the host's
+        self._place(b, obj)
+
+    def _evict(self, c, k, incoming, swap_in):
+        cg = self.cg
+        cands = [b for b in self.members[c] if self.stamp[b] != k and not cg.buf_pinned[b]]
+        if self.removable:
+            fresh = [b for b in cands if self.initial[b] and not self.touched[b]]
+            if fresh:
+                e = max(fresh, key=lambda b: (self._next_use(b), -b))
+                self._release(e)
+                self.removed.append(e)
+                return self.obj[e], -1, START
+        if not cands:
+            op = cg.graph.ops[self.order[k]]
+            raise InfeasibleAllocation(
+                f"op {op.name!r} needs more objects of {self.counts[c]}-object size class {c} "
+                f"than the allocation has; give that class more objects or raise the budget")
+        in_t = float(cg.buf_bytes[incoming]) / self.h2d if swap_in else 0.0
+        limit = self.istart[k] + self.margin
+        best, best_key = -1, None
+        for b in cands:
+            copy = (not cg.buf_persistent[b]) or self.dirty[b]
+            out_t = float(cg.buf_bytes[b]) / self.d2h if copy else 0.0
+            recent = self.iend[self.last_use[b]] + out_t + in_t > limit
+            key = (not recent, self._next_use(b), -self.last_use[b], -b)
+            if best_key is None or key > best_key:
+                best, best_key = b, key
+        e = best
+        self._release(e)
+        q = self.last_use[e]
+        if cg.buf_persistent[e] and not self.dirty[e]:
+            self.outs.append(OutRec(e, q, False))
+            self.pending_out[e] = -1
+        else:
+            self.outs.append(OutRec(e, q, True))
+            self.pending_out[e] = len(self.outs) - 1 if self._next_use(e) < self.never else -1
+            self.dirty[e] = False
+        return self.obj[e], len(self.outs) - 1, q
+
+
+def build_program(cg: CompiledGraph, order: np.ndarray, allocation: Allocation, spec: DeviceSpec,
+                  recency_margin_s: float = 0.0, params_start_on_host: bool = False) -> Program:
+    """Plan the swaps for ``order`` and ``allocation``: the reference planner.
+
+    ``params_start_on_host``: skip the second pass; every swappable parameter
+    starts the step on the host (one iteration as the paper's figures show it).
+    Raises :class:`InfeasibleAllocation` if some op cannot get its objects.
+    """
+    buf_class = buffer_classes(cg, allocation).tolist()
+    counts = list(allocation.class_count)
+    scan = _Scan(cg, [int(o) for o in order], buf_class, counts, spec, recency_margin_s)
+    pers = cg.buf_persistent
+    pinned_pers = [b for b in range(cg.n_buffers) if pers[b] and cg.buf_pinned[b]]
+    end = scan.run(pinned_pers, removable=False)
+    start = pinned_pers if params_start_on_host else end
+    if sorted(start) != sorted(pinned_pers):
+        for _ in range(MAX_PASSES):
+            end = scan.run(start, removable=True)
+            effective = sorted(set(start) - set(scan.removed))
+            if set(effective) <= set(end):
+                start = effective
+                break
+            start = sorted(set(effective) & set(end))
+        else:  # pragma: no cover - the start set shrinks every pass
+            raise RuntimeError("the two-pass parameter planning did not converge")
+    for b in sorted(set(end) - set(start)):
+        scan.outs.append(OutRec(b, scan.last_use[b], bool(scan.dirty[b])))
+    return canonical(order, start, scan.outs, scan.ins, scan.op_waits)
+
+
+def plan_swaps(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
+               schedule: Sequence[str] | None = None, allocation: Allocation | None = None,
+               keep: Sequence[str] = (), recency_margin_s: float = 0.0,
+               params_start_on_host: bool = False, small_threshold_bytes: int = 1 << 20,
+               compiled: CompiledGraph | None = None) -> Plan:
+    """Plan swaps for ``graph`` under ``budget_bytes`` of device memory on ``spec``.
+
+    ``schedule``: op names in execution order (default: the graph's
+    topological order).  ``allocation``: the pool (default: one class per
+    distinct size, counts from the no-swap peak repaired to the budget).
+    ``keep``: tensors that must stay on the device to the end (fetches).
+    ``recency_margin_s``: extra seconds a buffer must have been idle to be
+    evicted while older ones remain.  ``params_start_on_host``: plan one pass
+    with every parameter on the host at the start (no resident parameters).
+    The returned Plan carries the allocation, resident parameters and the
+    simulator's prediction.  Raises :class:`InfeasibleAllocation` if an op
+    cannot get the objects it needs, ValueError for a bad budget or schedule.
+
+    Example::
+
+        plan = plan_swaps(graph, 8 << 30, device_spec("v100-16g-pcie3"))
+    """
+    from tfswap.core import simulator  # the simulator imports this module
+
+    if budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be > 0, got {budget_bytes}")
+    if compiled is None:
+        thr = allocation.small_threshold_bytes if allocation else small_threshold_bytes
+        compiled = CompiledGraph.build(graph, thr, keep)
+    cg = compiled
+    order = cg.order_of(schedule)
+    if allocation is None:
+        allocation = default_allocation(cg, order, budget_bytes)
+    elif allocation.total_bytes > budget_bytes:
+        raise ValueError(f"the allocation takes {allocation.total_bytes} bytes, more than the "
+                         f"budget of {budget_bytes}; repair it with allocation.repair_counts")
+    prog = build_program(cg, order, allocation, spec, recency_margin_s, params_start_on_host)
+    result = simulator.run_program(cg, prog, allocation, spec)
+    from tfswap.core.program import to_plan_swaps
+    swaps, resident = to_plan_swaps(cg, prog)
+    return Plan(
+        schedule=tuple(graph.ops[o].name for o in order), swaps=swaps,
+        budget_bytes=int(budget_bytes), allocation=allocation, resident_parameters=resident,
+        planner="swapadvisor", prediction=Prediction(
+            peak_bytes=result.peak_bytes, step_time_s=result.step_time_s,
+            ideal_time_s=result.ideal_time_s, swap_out_bytes=result.d2h_bytes,
+            swap_in_bytes=result.h2d_bytes))
+
+
+def augmented_edges(plan: Plan) -> list[tuple[str, str]]:
+    """The dependency edges of the augmented graph (paper Fig. 3), as (from, to).
+
+    Nodes are op names, ``"out:<swap id>"`` (a swap-out or drop) and
+    ``"in:<swap id>"`` (a swap-in); the schedule chain between ops is left out.
+    """
+    edges = []
+    for s in plan.swaps:
+        if s.out_after:
+            edges.append((s.out_after, f"out:{s.id}"))
+            edges += [(f"out:{s.id}", op) for op in s.out_before]
+        if s.kind in ("round_trip", "prefetch"):
+            if s.in_after:
+                edges.append((s.in_after, f"in:{s.id}"))
+            if s.kind == "round_trip":
+                edges.append((f"out:{s.id}", f"in:{s.id}"))
+            edges += [(f"out:{w}", f"in:{s.id}") for w in s.in_wait_for]
+            edges += [(f"in:{s.id}", c) for c in s.consumers]
+    return edges

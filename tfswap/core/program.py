@@ -1,0 +1,194 @@
+"""Program: a swap plan as positions and buffer ids (what the simulator runs).
+
+A :class:`~tfswap.core.plan.Plan` names ops and tensors; a Program is the
+same plan on a :class:`~tfswap.core.compiled.CompiledGraph`'s numbering, in
+the canonical order both streams execute: swap-outs (device-to-host copies
+and drops) sorted by (``out_after`` position, buffer), swap-ins sorted by
+(first-reader position, buffer).  The planner builds Programs, the simulator
+runs them, and :func:`to_plan` / :func:`from_plan` convert both ways.
+
+Example::
+
+    prog = from_plan(cg, plan)
+    assert from_plan(cg, to_plan(cg, prog)) == prog
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tfswap.core.allocation import size_class_of
+from tfswap.core.compiled import CompiledGraph
+from tfswap.core.plan import Allocation, Swap
+
+START = -1  # "with the step": a trigger or release before the first op
+
+
+@dataclass(frozen=True)
+class OutRec:
+    """The device copy of ``buf`` is released after the op at ``out_after``:
+    by a device-to-host copy (``copy``) or by discarding it (a drop)."""
+    buf: int
+    out_after: int
+    copy: bool
+
+
+@dataclass(frozen=True)
+class InRec:
+    """``buf`` is copied to the device for the reader at position ``need``.
+
+    Starts once the op at ``trigger`` has run (START: with the step) and the
+    swap-outs ``waits`` (indices into ``Program.outs``) have finished; ``own_out``
+    is the swap-out of the same buffer this copy brings back (-1: from the
+    host home of a parameter).
+    """
+    buf: int
+    trigger: int
+    waits: tuple[int, ...]
+    own_out: int
+    need: int
+
+
+@dataclass(frozen=True)
+class Program:
+    order: tuple[int, ...]            # op ids in schedule order
+    resident: tuple[int, ...]         # persistent buffers on the device at start (sorted)
+    outs: tuple[OutRec, ...]
+    ins: tuple[InRec, ...]
+    op_waits: tuple[tuple[int, int], ...]  # (position, out index): op waits for the out
+
+
+def canonical(order, resident, outs, ins, op_waits) -> Program:
+    """Sort records into stream order and renumber the references between them."""
+    operm = sorted(range(len(outs)), key=lambda j: (outs[j].out_after, outs[j].buf))
+    new_of = {old: new for new, old in enumerate(operm)}
+    outs_sorted = tuple(outs[j] for j in operm)
+    ins_sorted = tuple(sorted(
+        (InRec(r.buf, r.trigger, tuple(sorted(new_of[w] for w in r.waits)),
+               new_of[r.own_out] if r.own_out >= 0 else -1, r.need) for r in ins),
+        key=lambda r: (r.need, r.buf)))
+    waits = tuple(sorted((k, new_of[j]) for k, j in op_waits))
+    return Program(tuple(int(o) for o in order), tuple(sorted(resident)), outs_sorted,
+                   ins_sorted, waits)
+
+
+def buffer_classes(cg: CompiledGraph, allocation: Allocation) -> np.ndarray:
+    """Size class of every pool buffer under ``allocation`` (int32 [B])."""
+    if allocation.small_threshold_bytes != cg.small_threshold_bytes:
+        raise ValueError(f"the allocation's small threshold ({allocation.small_threshold_bytes} "
+                         f"bytes) differs from the compiled graph's "
+                         f"({cg.small_threshold_bytes}); compile with the same threshold")
+    if cg.ts and (not allocation.class_bytes or cg.ts[-1] > allocation.class_bytes[-1]):
+        size_class_of(allocation, cg.ts[-1])  # raises, saying what is wrong
+    ts_class = np.searchsorted(np.asarray(allocation.class_bytes, dtype=np.int64),
+                               np.asarray(cg.ts, dtype=np.int64), side="left").astype(np.int32)
+    return ts_class[cg.buf_size_index] if cg.n_buffers else np.zeros(0, np.int32)
+
+
+def to_plan_swaps(cg: CompiledGraph, prog: Program) -> tuple[tuple[Swap, ...], tuple[str, ...]]:
+    """The Plan's swaps and resident parameters for ``prog``."""
+    names = cg.graph.ops
+    order = prog.order
+    op_name = lambda k: names[order[k]].name  # noqa: E731
+    uses = _uses_by_position(cg, prog)
+    paired = {r.own_out: i for i, r in enumerate(prog.ins) if r.own_out >= 0}
+    entries = []   # (kind, out index or -1, in index or -1)
+    for j, o in enumerate(prog.outs):
+        if j in paired:
+            entries.append(("round_trip", j, paired[j]))
+        else:
+            entries.append(("writeback" if o.copy else "drop", j, -1))
+    entries += [("prefetch", -1, i) for i, r in enumerate(prog.ins) if r.own_out < 0]
+    # In step order, so a tensor's first move gets the plain id.
+    entries.sort(key=lambda e: (prog.outs[e[1]].out_after if e[1] >= 0 else prog.ins[e[2]].need,
+                                e[1] < 0))
+    ids, count = [], {}
+    swap_of_out = {}
+    for e, (kind, j, i) in enumerate(entries):
+        buf = prog.outs[j].buf if j >= 0 else prog.ins[i].buf
+        name = cg.buf_names[buf]
+        n = count.get(name, 0)
+        count[name] = n + 1
+        ids.append(name if n == 0 else f"{name}#{n}")
+        if j >= 0:
+            swap_of_out[j] = e
+    out_before: dict[int, list[str]] = {}
+    for k, j in prog.op_waits:
+        out_before.setdefault(j, []).append(op_name(k))
+    swaps = []
+    for e, (kind, j, i) in enumerate(entries):
+        buf = prog.outs[j].buf if j >= 0 else prog.ins[i].buf
+        consumers, in_after, waits = (), "", ()
+        if i >= 0:
+            r = prog.ins[i]
+            nxt = [o.out_after for o in prog.outs if o.buf == buf and o.out_after >= r.need]
+            end = min(nxt) if nxt else len(order)
+            consumers = tuple(op_name(k) for k in uses[buf] if r.need <= k <= end)
+            in_after = op_name(r.trigger) if r.trigger >= 0 else ""
+            waits = tuple(ids[swap_of_out[w]] for w in r.waits)
+        swaps.append(Swap(
+            tensor=cg.buf_names[buf], kind=kind, bytes=int(cg.buf_bytes[buf]), id=ids[e],
+            out_after=op_name(prog.outs[j].out_after) if j >= 0 else "",
+            out_before=tuple(out_before.get(j, ())) if j >= 0 else (),
+            in_after=in_after, consumers=consumers, in_wait_for=waits))
+    resident = tuple(cg.buf_names[b] for b in prog.resident if cg.buf_persistent[b])
+    return tuple(swaps), resident
+
+
+def _uses_by_position(cg: CompiledGraph, prog: Program) -> list[list[int]]:
+    uses: list[list[int]] = [[] for _ in range(cg.n_buffers)]
+    for k, op in enumerate(prog.order):
+        for b in cg.op_in[cg.op_in_ptr[op]:cg.op_in_ptr[op + 1]]:
+            uses[b].append(k)
+        for b in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]:
+            uses[b].append(k)
+    return uses
+
+
+def from_plan(cg: CompiledGraph, schedule, swaps, resident_parameters) -> Program:
+    """The Program of a plan's schedule, swaps and resident parameters.
+
+    ``resident_parameters`` None: every persistent buffer stays on the device
+    (how version-1 plans, which predate parameter swapping, are read).
+    """
+    order = cg.order_of(schedule)
+    pos = {cg.graph.ops[o].name: k for k, o in enumerate(order)}
+    tbuf = {t.name: int(cg.tensor_buffer[i]) for i, t in enumerate(cg.graph.tensors)}
+
+    def where(op: str, what: str) -> int:
+        if op not in pos:
+            raise ValueError(f"{what} names op {op!r}, which is not in the schedule")
+        return pos[op]
+
+    if resident_parameters is None:
+        resident = [b for b in range(cg.n_buffers) if cg.buf_persistent[b]]
+    else:
+        resident = []
+        for name in resident_parameters:
+            b = tbuf.get(name, -1)
+            if b < 0 or not cg.buf_persistent[b]:
+                raise ValueError(f"resident parameter {name!r} is not a pool parameter or "
+                                 "optimizer-state tensor of this graph")
+            resident.append(b)
+        resident += [b for b in range(cg.n_buffers)
+                     if cg.buf_persistent[b] and cg.buf_pinned[b] and b not in resident]
+    outs, ins, op_waits, out_of_swap = [], [], [], {}
+    for s in swaps:
+        b = tbuf.get(s.tensor, -1)
+        if b < 0:
+            raise ValueError(f"swap {s.id!r}: tensor {s.tensor!r} is not a pool tensor of this "
+                             "graph (unknown, or small enough for the small-tensor pool)")
+        if s.kind != "prefetch":
+            out_of_swap[s.id] = len(outs)
+            outs.append(OutRec(b, where(s.out_after, f"swap {s.id!r}"), s.kind != "drop"))
+            op_waits += [(where(o, f"swap {s.id!r}"), len(outs) - 1) for o in s.out_before]
+    for s in swaps:
+        if s.kind in ("round_trip", "prefetch"):
+            b = tbuf[s.tensor]
+            need = min(where(c, f"swap {s.id!r}") for c in s.consumers)
+            trigger = where(s.in_after, f"swap {s.id!r}") if s.in_after else START
+            ins.append(InRec(b, trigger, tuple(out_of_swap[w] for w in s.in_wait_for),
+                             out_of_swap[s.id] if s.kind == "round_trip" else -1, need))
+    return canonical(order, resident, outs, ins, op_waits)

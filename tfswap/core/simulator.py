@@ -1,0 +1,304 @@
+"""Three-stream simulator of an augmented dataflow graph (SwapAdvisor Fig. 1).
+
+Streams: compute runs the ops one at a time in schedule order; H2D runs the
+swap-ins and D2H the swap-outs, each one copy at a time in the plan's stream
+order (:mod:`tfswap.core.program`).  The link is duplex: a copy moves at its
+direction's bandwidth, or at ``min(bandwidth, duplex / 2)`` while the other
+direction is busy too (so a copy's rate changes when the other one starts or
+ends).  Every item starts as soon as its stream is free and its dependencies
+are done:
+
+* op: the swap-ins of its inputs, and the swap-outs that free the objects
+  its outputs take (``Swap.out_before``);
+* swap-in: its trigger op, the swap-outs that free its object, and, for a
+  round trip, its own swap-out;
+* swap-out: the op after which it is released (a drop takes no link time:
+  it is done when that op is).
+
+Memory is the plan's pool: a buffer takes an object of its size class from
+a per-class LIFO stack of free object indices (initially ``[n-1, ..., 0]``,
+so the first allocation gets object 0) when its op or swap-in starts, and
+gives it back when its last reader ends (non-persistent buffers), or its
+swap-out or drop is done.  At one instant, releases come before
+allocations.  The allocation events are recorded so the pool allocator can
+be replayed against them.  The ideal time (infinite memory, no swaps) comes
+from the same code with an empty plan.
+
+Example::
+
+    result = simulate(graph, plan, device_spec("v100-16g-pcie3"), events=True)
+    result.step_time_s, result.ideal_time_s, result.peak_bytes, result.events[:3]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tfswap.core.compiled import CompiledGraph
+from tfswap.core.devices import DeviceSpec
+from tfswap.core.graph import DataflowGraph
+from tfswap.core.plan import Allocation, Plan
+from tfswap.core.program import Program, buffer_classes, from_plan
+
+
+class PlanError(ValueError):
+    """The plan cannot run as given (a reader before its data, memory over the pool)."""
+
+
+@dataclass(frozen=True)
+class SimEvent:
+    """One item on one stream: ``stream`` is "compute", "h2d" or "d2h"; ``name`` is
+    the op's name or the swapped tensor's; seconds from the start of the step."""
+    stream: str
+    name: str
+    start_s: float
+    end_s: float
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class AllocationEvent:
+    """A pool object taken (``is_alloc``) or given back, in simulated order.
+
+    ``tensor``: the buffer's name (its root tensor, or "<op>:scratch");
+    ``nbytes``: the buffer's size; ``size_class``/``object_index``: which
+    object of the plan's allocation it occupies.
+    """
+    time_s: float
+    is_alloc: bool
+    tensor: str
+    nbytes: int
+    size_class: int
+    object_index: int
+
+
+@dataclass(frozen=True)
+class SimResult:
+    step_time_s: float
+    ideal_time_s: float
+    peak_bytes: int            # pool objects in use (at class size) + the small pool
+    h2d_bytes: int
+    d2h_bytes: int
+    stall_s: float             # time the compute stream waited (last op end - op time)
+    class_peak_objects: tuple[int, ...]
+    events: tuple[SimEvent, ...] = ()
+    allocation_events: tuple[AllocationEvent, ...] = ()
+
+
+def run_program(cg: CompiledGraph, prog: Program, allocation: Allocation, spec: DeviceSpec,
+                events: bool = False) -> SimResult:
+    """Simulate ``prog`` (the reference simulator; the native one follows it)."""
+    buf_class = buffer_classes(cg, allocation).tolist()
+    core = _simulate(cg, prog, buf_class, allocation, spec, events)
+    every_parameter = tuple(b for b in range(cg.n_buffers) if cg.buf_persistent[b])
+    ideal = _simulate(cg, Program(prog.order, every_parameter, (), (), ()), None, None, spec,
+                      False)
+    return SimResult(ideal_time_s=ideal["step_time_s"], **core)
+
+
+def _simulate(cg, prog, buf_class, allocation, spec, record):
+    order = prog.order
+    n = len(order)
+    times = [float(cg.op_time[o]) for o in order]
+    outs, ins = prog.outs, prog.ins
+    infinite = allocation is None
+    bb = cg.buf_bytes
+
+    # Memory: LIFO stacks of free object indices per class.
+    if not infinite:
+        counts = allocation.class_count
+        stack = [list(range(c - 1, -1, -1)) for c in counts]
+        in_use = [0] * len(counts)
+        peak_use = [0] * len(counts)
+        used_bytes = 0
+        peak = 0
+    obj = {}
+    arrived = {}
+    alloc_events = []
+
+    def take(b, t):
+        nonlocal used_bytes, peak
+        arrived[b] = False
+        if infinite:
+            return
+        c = buf_class[b]
+        if not stack[c]:
+            raise PlanError(f"{cg.buf_names[b]!r} needs an object of size class {c} at "
+                            f"t={t:.6g}s but all {counts[c]} are in use")
+        obj[b] = stack[c].pop()
+        in_use[c] += 1
+        peak_use[c] = max(peak_use[c], in_use[c])
+        used_bytes += allocation.class_bytes[c]
+        peak = max(peak, used_bytes)
+        if record:
+            alloc_events.append(AllocationEvent(t, True, cg.buf_names[b], int(bb[b]), c, obj[b]))
+
+    def give(b, t):
+        nonlocal used_bytes
+        arrived.pop(b)
+        if infinite:
+            return
+        c = buf_class[b]
+        stack[c].append(obj[b])
+        in_use[c] -= 1
+        used_bytes -= allocation.class_bytes[c]
+        if record:
+            alloc_events.append(AllocationEvent(t, False, cg.buf_names[b], int(bb[b]), c, obj[b]))
+
+    # What each position waits for, and what is released when it ends.
+    need_of = [[] for _ in range(n)]
+    for i, r in enumerate(ins):
+        need_of[r.need].append(i)
+    waits_of = [[] for _ in range(n)]
+    for k, j in prog.op_waits:
+        waits_of[k].append(j)
+    drops_of = [[] for _ in range(n)]
+    for j, o in enumerate(outs):
+        if not o.copy:
+            drops_of[o.out_after].append(j)
+    d2h_list = [j for j, o in enumerate(outs) if o.copy]
+    last = [-1] * cg.n_buffers
+    for k, o in enumerate(order):
+        for b in cg.op_in[cg.op_in_ptr[o]:cg.op_in_ptr[o + 1]].tolist():
+            last[b] = k
+        for b in cg.op_out[cg.op_out_ptr[o]:cg.op_out_ptr[o + 1]].tolist():
+            last[b] = k
+
+    op_done = [False] * n
+    in_done = [False] * len(ins)
+    out_fin = [False] * len(outs)
+
+    def out_done(j):
+        return out_fin[j] if outs[j].copy else op_done[outs[j].out_after]
+
+    ev = []
+    t = 0.0
+    for b in prog.resident:
+        take(b, t)
+        arrived[b] = True
+    kc, hi, di = 0, 0, 0           # next item of each stream
+    c_run = h_run = d_run = False
+    c_end = h_rem = d_rem = 0.0
+    c_start = h_start = d_start = 0.0
+    last_op_end = 0.0
+    h2d_bytes = d2h_bytes = 0
+    while True:
+        started = True
+        while started:
+            started = False
+            if not c_run and kc < n and all(in_done[i] for i in need_of[kc]) and all(
+                    out_done(j) for j in waits_of[kc]):
+                o = order[kc]
+                for b in cg.op_in[cg.op_in_ptr[o]:cg.op_in_ptr[o + 1]].tolist():
+                    if not arrived.get(b, False):
+                        raise PlanError(f"op {cg.graph.ops[o].name!r} reads "
+                                        f"{cg.buf_names[b]!r}, which is not on the device "
+                                        "(add a swap-in before it)")
+                for b in cg.op_out[cg.op_out_ptr[o]:cg.op_out_ptr[o + 1]].tolist():
+                    take(b, t)
+                    arrived[b] = True
+                c_run, c_start, c_end = True, t, t + times[kc]
+                started = True
+            if not h_run and hi < len(ins):
+                r = ins[hi]
+                if (r.trigger < 0 or op_done[r.trigger]) and all(out_done(j) for j in r.waits) \
+                        and (r.own_out < 0 or out_done(r.own_out)):
+                    if r.buf in arrived:
+                        raise PlanError(f"swap-in of {cg.buf_names[r.buf]!r} while it is "
+                                        "still on the device")
+                    take(r.buf, t)
+                    h_run, h_start, h_rem = True, t, float(bb[r.buf])
+                    h2d_bytes += int(bb[r.buf])
+                    started = True
+            if not d_run and di < len(d2h_list):
+                o = outs[d2h_list[di]]
+                if op_done[o.out_after]:
+                    d_run, d_start, d_rem = True, t, float(bb[o.buf])
+                    d2h_bytes += int(bb[o.buf])
+                    started = True
+        if not (c_run or h_run or d_run):
+            break
+        rh = spec.h2d_bytes_per_s if not d_run else min(spec.h2d_bytes_per_s,
+                                                        spec.duplex_bytes_per_s / 2)
+        rd = spec.d2h_bytes_per_s if not h_run else min(spec.d2h_bytes_per_s,
+                                                        spec.duplex_bytes_per_s / 2)
+        th = t + h_rem / rh if h_run else float("inf")
+        td = t + d_rem / rd if d_run else float("inf")
+        te = min(c_end if c_run else float("inf"), th, td)
+        dt = te - t
+        if c_run and c_end == te:
+            o = order[kc]
+            if record:
+                ev.append(SimEvent("compute", cg.graph.ops[o].name, c_start, te))
+            op_done[kc] = True
+            last_op_end = te
+            for b in (cg.op_in[cg.op_in_ptr[o]:cg.op_in_ptr[o + 1]].tolist()
+                      + cg.op_out[cg.op_out_ptr[o]:cg.op_out_ptr[o + 1]].tolist()):
+                if not cg.buf_persistent[b] and not cg.buf_kept[b] and last[b] == kc:
+                    give(b, te)
+            for j in drops_of[kc]:
+                give(outs[j].buf, te)
+            c_run = False
+            kc += 1
+        if h_run:
+            if th == te:
+                r = ins[hi]
+                if record:
+                    ev.append(SimEvent("h2d", cg.buf_names[r.buf], h_start, te, int(bb[r.buf])))
+                arrived[r.buf] = True
+                in_done[hi] = True
+                h_run = False
+                hi += 1
+            else:
+                h_rem -= rh * dt
+        if d_run:
+            if td == te:
+                j = d2h_list[di]
+                if record:
+                    ev.append(SimEvent("d2h", cg.buf_names[outs[j].buf], d_start, te,
+                                       int(bb[outs[j].buf])))
+                give(outs[j].buf, te)
+                out_fin[j] = True
+                d_run = False
+                di += 1
+            else:
+                d_rem -= rd * dt
+        t = te
+    if kc < n or hi < len(ins) or di < len(d2h_list):
+        raise PlanError("the plan deadlocks: some op or copy waits for something that never "
+                        "happens (check in_after, in_wait_for and out_before)")
+    busy = 0.0
+    for x in times:  # left to right, as the native simulator adds (not math.fsum)
+        busy += x
+    return dict(
+        step_time_s=t, peak_bytes=0 if infinite else peak + allocation.small_pool_bytes,
+        h2d_bytes=h2d_bytes, d2h_bytes=d2h_bytes, stall_s=max(0.0, last_op_end - busy),
+        class_peak_objects=() if infinite else tuple(peak_use), events=tuple(ev),
+        allocation_events=tuple(alloc_events))
+
+
+def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool = False,
+             keep: Sequence[str] = (), allocation: Allocation | None = None,
+             compiled: CompiledGraph | None = None) -> SimResult:
+    """Simulate ``plan`` on ``graph``.
+
+    The pool is ``plan.allocation`` (or ``allocation``).  A version-1 plan has
+    neither an allocation nor resident parameters: it is simulated with every
+    parameter on the device and a pool of one class per size with as many
+    objects as are live at once without swapping.
+    Raises :class:`PlanError` if the plan cannot run as given.
+    """
+    from tfswap.core.planner import default_allocation
+
+    allocation = allocation or plan.allocation
+    v1 = plan.allocation is None and not plan.resident_parameters
+    thr = allocation.small_threshold_bytes if allocation else 1 << 20
+    cg = compiled or CompiledGraph.build(graph, thr, keep)
+    order = cg.order_of(plan.schedule)
+    if allocation is None:
+        allocation = default_allocation(cg, order, budget_bytes=np.iinfo(np.int64).max)
+    prog = from_plan(cg, plan.schedule, plan.swaps, None if v1 else plan.resident_parameters)
+    return run_program(cg, prog, allocation, spec, events=events)
