@@ -46,7 +46,9 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["tfswap", "tfswap.*"]),
     package_data={"tfswap.ops": ["*.cc", "*.h", "*.tfversion"]},
-    ext_modules=[Extension("tfswap.ops._tfswap_ops", sources=["tfswap/ops/swap_ops.cc"])],
+    ext_modules=[Extension("tfswap.ops._tfswap_ops", sources=[
+        "tfswap/ops/swap_ops.cc", "tfswap/ops/pool_core.cc", "tfswap/ops/pool_capi.cc",
+        "tfswap/ops/pool_allocator.cc"])],
     cmdclass={"build_ext": BuildTfOps},
     install_requires=["numpy>=1.24", "deap>=1.4"],
     extras_require={
