@@ -206,7 +206,8 @@ int tfswap_install_gpu_pool(int32_t n_classes, const uint64_t* class_bytes,
 
 // 0: stats written (same layout as tfswap_pool_stats, see pool_capi.cc);
 // 1: installed but no device has asked for its allocator yet; 2: nothing
-// installed.  err receives the last allocation failure or setup error.
+// installed; 3: per_class holds fewer rows than the pool has classes (*n_classes
+// is the capacity on entry, the number of classes on return).  err receives the last allocation failure or setup error.
 int tfswap_gpu_pool_stats(uint64_t* totals, uint64_t* per_class, uint64_t* small,
                           int32_t* n_classes, char* err, size_t errlen) {
   tfswap::PoolGPUProcessState* ps = tfswap::g_installed.load();
@@ -216,7 +217,10 @@ int tfswap_gpu_pool_stats(uint64_t* totals, uint64_t* per_class, uint64_t* small
     tfswap::SetError(err, errlen, ps->setup_error());
     return 1;
   }
-  *n_classes = tfswap_pool_stats(&pool->core(), totals, per_class, small);
+  const int32_t capacity = *n_classes;  // rows per_class can hold
+  *n_classes = static_cast<int32_t>(pool->core().config().class_bytes.size());
+  if (*n_classes > capacity) return 3;
+  tfswap_pool_stats(&pool->core(), totals, per_class, small);
   tfswap::SetError(err, errlen, pool->last_error());
   return 0;
 }
