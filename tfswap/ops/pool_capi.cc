@@ -167,13 +167,19 @@ int tfswap_pool_check(void* pool_ptr, char* err, size_t errlen) {
 // other's stamps.  Exhaustion is expected under contention and answered with a
 // free.  At the end every thread frees everything and the pool must be back
 // to empty and consistent.  *successful_allocs receives the number of
-// successful allocations, which must equal the pool's num_allocs.
+// successful allocations, which must equal the growth of the pool's num_allocs.
+// The pool must hold nothing when the run starts.
 int tfswap_pool_stress(void* pool_ptr, int32_t n_threads, int64_t ops_per_thread,
                        uint64_t seed, uint64_t* successful_allocs, char* err,
                        size_t errlen) {
   auto* pool = static_cast<tfswap::PoolCore*>(pool_ptr);
   if (!pool->host_accessible() || n_threads <= 0 || ops_per_thread < 0) {
     SetError(err, errlen, "stress needs a host pool, n_threads > 0, ops_per_thread >= 0");
+    return 2;
+  }
+  const tfswap::PoolStats before = pool->Stats();
+  if (before.bytes_in_use != 0) {
+    SetError(err, errlen, "stress needs a pool that holds nothing");
     return 2;
   }
   const tfswap::PoolConfig& cfg = pool->config();
@@ -255,10 +261,11 @@ int tfswap_pool_stress(void* pool_ptr, int32_t n_threads, int64_t ops_per_thread
     return 3;
   }
   const tfswap::PoolStats s = pool->Stats();
-  if (s.bytes_in_use != 0 || s.num_allocs != allocs.load()) {
+  if (s.bytes_in_use != 0 || s.num_allocs - before.num_allocs != allocs.load()) {
     SetError(err, errlen, "after the stress run the pool holds " +
                               std::to_string(s.bytes_in_use) + " bytes and counted " +
-                              std::to_string(s.num_allocs) + " allocations, threads made " +
+                              std::to_string(s.num_allocs - before.num_allocs) +
+                              " allocations, threads made " +
                               std::to_string(allocs.load()));
     return 3;
   }
