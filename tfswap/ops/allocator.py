@@ -245,8 +245,9 @@ def replay(allocation, events: Iterable[Sequence]) -> ReplayResult:
         stats = _stats(lib, pool, len(alloc.class_bytes))
     finally:
         lib.tfswap_pool_destroy(pool)
-    assignments = tuple((int(c), int(o)) if c >= 0 else None
-                        for a, c, o in zip(is_alloc, out_cls, out_obj) if a)
+    allocs = is_alloc.astype(bool)
+    assignments = tuple((c, o) if c >= 0 else None
+                        for c, o in zip(out_cls[allocs].tolist(), out_obj[allocs].tolist()))
     return ReplayResult(assignments=assignments,
                         per_class_peak=tuple(c.peak_in_use for c in stats.classes),
                         small_pool_peak=stats.small.peak_in_use_bytes, stats=stats)
