@@ -17,7 +17,7 @@ test: $(STAMP)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) setup.py tfswap/ops/swap_ops.cc tfswap/ops/build.py
+$(STAMP): $(PY) setup.py $(wildcard tfswap/ops/*.cc tfswap/ops/*.h) tfswap/ops/build.py
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q "tensorflow-cpu>=2.21,<2.22" "numpy>=1.24" "deap>=1.4" \
 	    "pytest>=8" "hypothesis>=6"

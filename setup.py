@@ -60,7 +60,9 @@ setup(
     packages=find_packages(include=["tfswap", "tfswap.*"]),
     package_data={"tfswap.ops": ["*.cc", "*.h", "*.tfversion"],
                   "tfswap.core.native": ["*.cc", "*.srchash"]},
-    ext_modules=[Extension("tfswap.ops._tfswap_ops", sources=["tfswap/ops/swap_ops.cc"]),
+    ext_modules=[Extension("tfswap.ops._tfswap_ops", sources=[
+                     "tfswap/ops/swap_ops.cc", "tfswap/ops/pool_core.cc",
+                     "tfswap/ops/pool_capi.cc", "tfswap/ops/pool_allocator.cc"]),
                  Extension("tfswap.core.native._planner_sim",
                            sources=["tfswap/core/native/planner_sim.cc"])],
     cmdclass={"build_ext": BuildTfOps},

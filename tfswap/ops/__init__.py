@@ -22,13 +22,14 @@ import threading
 import warnings
 from pathlib import Path
 
-from .build import SOURCE_DIR, SOURCES, compile_library
+from .build import HEADERS, SOURCE_DIR, SOURCES, compile_library
 
 LIBRARY_MODULE = "tfswap.ops._tfswap_ops"
 OP_TYPES = ("SwapOut", "SwapIn")
 
 _lock = threading.Lock()
 _loaded = None
+_loaded_path: Path | None = None
 
 
 def _version_stamp(library: Path) -> Path:
@@ -45,7 +46,7 @@ def installed_library() -> Path | None:
 
 def _cache_library(tf_version: str) -> Path:
     digest = hashlib.sha256()
-    for src in SOURCES:
+    for src in SOURCES + HEADERS:
         digest.update((SOURCE_DIR / src).read_bytes())
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return root / "tfswap" / f"ops-tf{tf_version}-{digest.hexdigest()[:12]}" / "libtfswap_ops.so"
@@ -57,7 +58,7 @@ def write_version_stamp(library: Path, tf_version: str) -> None:
 
 def load():
     """Load (once) and return the op library module (``swap_out``, ``swap_in``)."""
-    global _loaded
+    global _loaded, _loaded_path
     with _lock:
         if _loaded is not None:
             return _loaded
@@ -77,7 +78,14 @@ def load():
                 compile_library(cached)
             lib_path = cached
         _loaded = tf.load_op_library(str(lib_path))
+        _loaded_path = lib_path
         return _loaded
+
+
+def library_path() -> Path:
+    """Path of the loaded op library (loading it first); ctypes entry points live there."""
+    load()
+    return _loaded_path
 
 
 def swap_out(tensor, name=None):

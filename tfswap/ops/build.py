@@ -19,7 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-SOURCES = ("swap_ops.cc",)
+SOURCES = ("swap_ops.cc", "pool_core.cc", "pool_capi.cc", "pool_allocator.cc")
+# Headers are hashed with the sources (cache key) and shipped in the package.
+HEADERS = ("pool_core.h", "pool_allocator.h")
 SOURCE_DIR = Path(__file__).resolve().parent
 
 

@@ -22,6 +22,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/types.h"
+#include "pool_allocator.h"
 
 namespace tfswap {
 
@@ -148,14 +149,22 @@ class GpuSwapInOp : public AsyncOpKernel {
     OP_REQUIRES_ASYNC(ctx, dc != nullptr,
                       Internal("SwapIn on GPU has no device context"), done);
     Device* device = static_cast<Device*>(ctx->device());
-    // sync_dst_compute stays true: without the plan-exact pool allocator the
-    // destination buffer may still be in use by the compute stream.
+    // By default TF's host-to-device copy first waits for the compute stream,
+    // because under the BFC allocator the destination may be memory a kernel
+    // still queued on that stream is using; the wait serialises the prefetch
+    // behind compute and kills the overlap the plan counts on.  Under the
+    // tfswap pool the destination is an object of the plan's size classes
+    // that the plan frees (by a swap-out this swap-in waits for, or by a
+    // tensor whose last reader precedes the trigger) before the swap-in, so
+    // the wait is skipped there, and only there.
+    const bool under_pool =
+        device->GetAllocator(AllocatorAttributes())->Name() == kPoolAllocatorName;
     dc->CopyCPUTensorToDevice(&in, device, out,
                               [ctx, done](const absl::Status& s) {
                                 ctx->SetStatus(s);
                                 done();
                               },
-                              /*sync_dst_compute=*/true);
+                              /*sync_dst_compute=*/!under_pool);
   }
 };
 

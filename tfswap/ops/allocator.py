@@ -1,0 +1,465 @@
+"""The size-class pool allocator (SwapAdvisor §4.1, §5.3) from Python.
+
+A plan's memory allocation is a list of size classes (``class_bytes``, strictly
+increasing) with a number of objects each (``class_count``), plus a small pool
+for tensors below ``small_threshold_bytes``.  The C++ library
+(``pool_core.{h,cc}``, ``pool_allocator.{h,cc}`` in the op library) reserves
+one arena and carves it exactly that way:
+
+* a request of ``s >= small_threshold_bytes`` bytes takes one object of the
+  smallest class with ``class_bytes >= s``;
+* each class hands out objects from a LIFO stack of free indices that starts as
+  ``[n-1, ..., 1, 0]`` (the first allocation gets object 0); a free pushes;
+* smaller requests go to the small pool: power-of-two blocks (at least 256
+  bytes) from per-size free lists, carved from the reserved region.
+
+These are the simulator's semantics, so :func:`replay` of the simulator's
+allocation sequence must reproduce its object assignment and per-class peaks.
+A class that runs out raises :class:`PoolExhausted` naming the class, the
+request and the plan; nothing falls back to another allocator.
+
+Three uses:
+
+* :func:`replay` -- the allocator over host memory, driven by an event list.
+* :func:`stress` -- many C++ threads allocating and freeing at random.
+* :func:`install_gpu_allocator` -- makes TensorFlow use the pool for a GPU.
+  Call it right after ``import tensorflow``, before anything creates a device.
+
+Example::
+
+    from tfswap.ops import allocator
+    alloc = allocator.PoolAllocation(class_bytes=(2 << 20, 8 << 20),
+                                     class_count=(2, 1), small_pool_bytes=1 << 20,
+                                     plan_id="demo")
+    r = allocator.replay(alloc, [(True, "a", 3 << 20), (True, "b", 1 << 20),
+                                 (False, "a", 0), (True, "c", 7 << 20)])
+    r.assignments      # ((1, 0), (0, 0), (1, 0))
+    r.per_class_peak   # (1, 1)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+DEFAULT_SMALL_THRESHOLD_BYTES = 1 << 20
+#: Objects start at multiples of this many bytes, so each object of a class
+#: occupies ``class_bytes`` rounded up to it in the arena.
+OBJECT_ALIGNMENT_BYTES = 256
+#: ``Allocator::Name()`` of the pool in TensorFlow (checked by the SwapIn GPU kernel).
+ALLOCATOR_NAME = "tfswap_pool"
+
+_ERRLEN = 2048
+_RC_OK, _RC_EXHAUSTED, _RC_BAD, _RC_BROKEN, _RC_TOO_LATE, _RC_TWICE = 0, 1, 2, 3, 4, 5
+
+
+class PoolExhausted(MemoryError):
+    """A size class (or the small pool) had no room for a request.
+
+    ``class_index`` is None for the small pool or a request larger than every
+    class; ``event_index`` is the failing event of a replay (None on a GPU).
+    """
+
+    def __init__(self, message: str, *, class_index: int | None, class_bytes: int | None,
+                 requested_bytes: int, plan_id: str, event_index: int | None = None):
+        super().__init__(message)
+        self.class_index = class_index
+        self.class_bytes = class_bytes
+        self.requested_bytes = requested_bytes
+        self.plan_id = plan_id
+        self.event_index = event_index
+
+
+class AllocatorInstallError(RuntimeError):
+    """:func:`install_gpu_allocator` could not install the pool (the message says why)."""
+
+
+@dataclass(frozen=True)
+class PoolAllocation:
+    """A plan's memory layout: size classes, object counts, small pool (bytes).
+
+    Example::
+
+        PoolAllocation(class_bytes=(1 << 20, 4 << 20), class_count=(3, 2),
+                       small_pool_bytes=8 << 20, plan_id="resnet-v100")
+    """
+
+    class_bytes: tuple[int, ...]
+    class_count: tuple[int, ...]
+    small_pool_bytes: int
+    plan_id: str
+    small_threshold_bytes: int = DEFAULT_SMALL_THRESHOLD_BYTES
+
+    def __post_init__(self):
+        object.__setattr__(self, "class_bytes", tuple(_as_int(b, "class_bytes")
+                                                      for b in self.class_bytes))
+        object.__setattr__(self, "class_count", tuple(_as_int(c, "class_count")
+                                                      for c in self.class_count))
+        if len(self.class_bytes) != len(self.class_count):
+            raise ValueError(f"class_bytes has {len(self.class_bytes)} entries but class_count "
+                             f"has {len(self.class_count)}; give one count per class")
+        for i, b in enumerate(self.class_bytes):
+            if b <= 0:
+                raise ValueError(f"size class {i} has {b} bytes; class sizes must be > 0")
+            if i and b <= self.class_bytes[i - 1]:
+                raise ValueError(f"class_bytes must be strictly increasing; class {i} ({b} "
+                                 f"bytes) follows class {i - 1} ({self.class_bytes[i - 1]} bytes)")
+        for i, c in enumerate(self.class_count):
+            if not 0 <= c < 2 ** 32:
+                raise ValueError(f"size class {i} has {c} objects; counts must be in [0, 2^32)")
+        _as_int(self.small_pool_bytes, "small_pool_bytes")
+        if self.small_pool_bytes < 0:
+            raise ValueError(f"small_pool_bytes must be >= 0, got {self.small_pool_bytes}")
+        _as_int(self.small_threshold_bytes, "small_threshold_bytes")
+        if self.small_threshold_bytes <= 0:
+            raise ValueError("small_threshold_bytes must be > 0 (requests below it use the "
+                             f"small pool), got {self.small_threshold_bytes}")
+        if not isinstance(self.plan_id, str):
+            raise TypeError(f"plan_id must be a str, got {type(self.plan_id).__name__}")
+
+    @property
+    def class_total_bytes(self) -> int:
+        """Bytes of all objects as the simulator counts them (no alignment padding)."""
+        return sum(b * c for b, c in zip(self.class_bytes, self.class_count))
+
+    def class_of(self, nbytes: int) -> int | None:
+        """Index of the class a request of ``nbytes`` takes (None: small pool or too large)."""
+        if nbytes < self.small_threshold_bytes:
+            return None
+        for i, b in enumerate(self.class_bytes):
+            if b >= nbytes:
+                return i
+        return None
+
+
+@dataclass(frozen=True)
+class ClassStats:
+    class_bytes: int
+    count: int
+    in_use: int        # objects
+    peak_in_use: int   # objects
+    num_allocs: int
+
+
+@dataclass(frozen=True)
+class SmallPoolStats:
+    limit_bytes: int
+    in_use_bytes: int           # block bytes (power-of-two rounded)
+    peak_in_use_bytes: int
+    requested_in_use_bytes: int
+    carved_bytes: int           # blocks ever carved from the region
+    num_allocs: int
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """Exact counters of one pool (bytes; objects where named)."""
+
+    bytes_limit: int            # arena: classes (aligned) + small pool + page padding
+    bytes_in_use: int           # class_bytes of held objects + small blocks
+    peak_bytes_in_use: int
+    num_allocs: int
+    largest_alloc_size: int
+    classes: tuple[ClassStats, ...]
+    small: SmallPoolStats
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What a replay did.
+
+    ``assignments[k]`` is ``(class_index, object_index)`` for the k-th
+    allocation event, or None when it went to the small pool.
+    """
+
+    assignments: tuple[tuple[int, int] | None, ...]
+    per_class_peak: tuple[int, ...]   # objects
+    small_pool_peak: int              # bytes
+    stats: PoolStats
+
+
+def as_allocation(plan_or_allocation) -> PoolAllocation:
+    """A :class:`PoolAllocation` from itself, or from an object that has one.
+
+    Accepts a PoolAllocation, an object with an ``allocation`` attribute (a
+    plan), or any object with ``class_bytes``, ``class_count``,
+    ``small_pool_bytes`` and ``plan_id`` (and optionally
+    ``small_threshold_bytes``).
+    """
+    obj = plan_or_allocation
+    if isinstance(obj, PoolAllocation):
+        return obj
+    inner = getattr(obj, "allocation", None)
+    if inner is not None and inner is not obj:
+        return as_allocation(inner)
+    fields = ("class_bytes", "class_count", "small_pool_bytes", "plan_id")
+    if all(hasattr(obj, f) for f in fields):
+        return PoolAllocation(
+            class_bytes=tuple(obj.class_bytes), class_count=tuple(obj.class_count),
+            small_pool_bytes=obj.small_pool_bytes, plan_id=obj.plan_id,
+            small_threshold_bytes=getattr(obj, "small_threshold_bytes",
+                                          DEFAULT_SMALL_THRESHOLD_BYTES))
+    raise TypeError(f"cannot read a pool allocation from {type(obj).__name__}: pass a "
+                    "PoolAllocation (class_bytes, class_count, small_pool_bytes, plan_id) "
+                    "or a plan that has one as .allocation")
+
+
+def replay(allocation, events: Iterable[Sequence]) -> ReplayResult:
+    """Run the pool over host memory on ``events`` and report what it did.
+
+    ``events`` is an ordered sequence of ``(is_alloc, handle, nbytes)``:
+    ``is_alloc`` true allocates ``nbytes`` under ``handle`` (any hashable),
+    false frees what ``handle`` holds (``nbytes`` ignored).  Raises
+    :class:`PoolExhausted` when a class or the small pool runs out, and
+    ``ValueError`` for an event that makes no sense (a handle allocated twice,
+    freed without an allocation).
+    """
+    alloc = as_allocation(allocation)
+    is_alloc, handles, nbytes = _encode_events(events)
+    lib = _clib()
+    pool = _create(lib, alloc)
+    try:
+        n = len(is_alloc)
+        out_cls = np.zeros(n, dtype=np.int32)
+        out_obj = np.zeros(n, dtype=np.int64)
+        failed_at = ctypes.c_int64(-1)
+        info = np.zeros(3, dtype=np.int64)
+        err = ctypes.create_string_buffer(_ERRLEN)
+        rc = lib.tfswap_pool_replay(pool, n, _ptr(is_alloc), _ptr(handles), _ptr(nbytes),
+                                    _ptr(out_cls), _ptr(out_obj), ctypes.byref(failed_at),
+                                    _ptr(info), err, _ERRLEN)
+        message = err.value.decode()
+        if rc == _RC_EXHAUSTED:
+            cls = int(info[0])
+            raise PoolExhausted(message + f" (replay event {failed_at.value})",
+                                class_index=cls if cls >= 0 else None,
+                                class_bytes=int(info[1]) if cls >= 0 else None,
+                                requested_bytes=int(info[2]), plan_id=alloc.plan_id,
+                                event_index=failed_at.value)
+        if rc != _RC_OK:
+            raise ValueError(message)
+        stats = _stats(lib, pool, len(alloc.class_bytes))
+    finally:
+        lib.tfswap_pool_destroy(pool)
+    allocs = is_alloc.astype(bool)
+    assignments = tuple((c, o) if c >= 0 else None
+                        for c, o in zip(out_cls[allocs].tolist(), out_obj[allocs].tolist()))
+    return ReplayResult(assignments=assignments,
+                        per_class_peak=tuple(c.peak_in_use for c in stats.classes),
+                        small_pool_peak=stats.small.peak_in_use_bytes, stats=stats)
+
+
+def stress(allocation, *, threads: int = 8, ops_per_thread: int = 20000,
+           seed: int = 0) -> tuple[int, PoolStats]:
+    """Hammer a host pool from ``threads`` C++ threads; return (allocations made, stats).
+
+    Each thread allocates random sizes (mapping to random classes or the small
+    pool) and frees its own allocations at random, stamping every buffer and
+    checking the stamp before freeing.  Raises ``RuntimeError`` on corruption or
+    inconsistent statistics.
+    """
+    alloc = as_allocation(allocation)
+    if threads <= 0 or ops_per_thread < 0:
+        raise ValueError("threads must be > 0 and ops_per_thread >= 0")
+    lib = _clib()
+    pool = _create(lib, alloc)
+    try:
+        done = ctypes.c_uint64(0)
+        err = ctypes.create_string_buffer(_ERRLEN)
+        rc = lib.tfswap_pool_stress(pool, threads, ops_per_thread, seed, ctypes.byref(done),
+                                    err, _ERRLEN)
+        if rc != _RC_OK:
+            raise RuntimeError(f"pool stress test failed: {err.value.decode()}")
+        return done.value, _stats(lib, pool, len(alloc.class_bytes))
+    finally:
+        lib.tfswap_pool_destroy(pool)
+
+
+def install_gpu_allocator(plan_or_allocation, *, device_index: int = 0) -> PoolAllocation:
+    """Make TensorFlow allocate GPU ``device_index``'s memory from the plan's pool.
+
+    Call it right after ``import tensorflow`` and before anything creates a
+    device (running an op, ``tf.config.list_logical_devices``, building a
+    model)::
+
+        import tensorflow as tf
+        from tfswap.ops import allocator
+        allocator.install_gpu_allocator(plan)   # plan.allocation, or a PoolAllocation
+        ...                                     # now build and run the step
+
+    The pool's arena is reserved when TensorFlow creates the device.  Raises
+    :class:`AllocatorInstallError` when devices already exist (fix the import
+    order), when this TensorFlow has no GPU support or sees no GPU
+    ``device_index``, or when a pool is already installed in this process.
+    """
+    alloc = as_allocation(plan_or_allocation)
+    if isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0:
+        raise ValueError(f"device_index must be an int >= 0, got {device_index!r}")
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    if context.context()._initialized:
+        raise AllocatorInstallError(_TOO_LATE)
+    if not tf.test.is_built_with_gpu_support():
+        raise AllocatorInstallError(
+            f"this TensorFlow ({tf.__version__}) is built without GPU support (a "
+            "tensorflow-cpu wheel?), so there is no GPU allocator to replace; install "
+            "tensorflow[and-cuda] on a machine with a GPU. Nothing was installed.")
+    gpus = tf.config.list_physical_devices("GPU")  # lists, creates no device
+    if device_index >= len(gpus):
+        raise AllocatorInstallError(
+            f"TensorFlow sees {len(gpus)} GPU(s), so there is no GPU {device_index}; check "
+            "CUDA_VISIBLE_DEVICES and the driver (nvidia-smi). Nothing was installed.")
+    _install(alloc, device_index)
+    return alloc
+
+
+def gpu_pool_stats() -> PoolStats | None:
+    """Statistics of the installed GPU pool; None before a device created it.
+
+    Raises :class:`AllocatorInstallError` if no pool was installed, or if
+    creating it failed (the message says why).
+    """
+    lib = _clib()
+    capacity = 64
+    while True:
+        totals = np.zeros(5, dtype=np.uint64)
+        per_class = np.zeros(5 * capacity, dtype=np.uint64)
+        small = np.zeros(6, dtype=np.uint64)
+        n = ctypes.c_int32(capacity)
+        err = ctypes.create_string_buffer(_ERRLEN)
+        rc = lib.tfswap_gpu_pool_stats(_ptr(totals), _ptr(per_class), _ptr(small),
+                                       ctypes.byref(n), err, _ERRLEN)
+        if rc != _RC_BROKEN:
+            break
+        capacity = n.value  # more classes than rows: ask again with room for all
+    if rc == 2:
+        raise AllocatorInstallError("no tfswap GPU pool is installed in this process; "
+                                    "call install_gpu_allocator first")
+    if rc == 1:
+        if err.value:
+            raise AllocatorInstallError(err.value.decode())
+        return None
+    return _unpack_stats(totals, per_class, small, n.value)
+
+
+_TOO_LATE = (
+    "install_gpu_allocator was called after TensorFlow created its devices, so the "
+    "device allocator is already chosen. Call it right after `import tensorflow`, before "
+    "any op runs or any model is built (move it to the top of your script, or start a "
+    "new process). Nothing was installed.")
+
+
+def _install(alloc: PoolAllocation, device_index: int) -> None:
+    lib = _clib()
+    cb, cc = _class_arrays(alloc)
+    err = ctypes.create_string_buffer(_ERRLEN)
+    rc = lib.tfswap_install_gpu_pool(len(alloc.class_bytes), _ptr(cb), _ptr(cc),
+                                     alloc.small_pool_bytes, alloc.small_threshold_bytes,
+                                     alloc.plan_id.encode(), device_index, err, _ERRLEN)
+    if rc == _RC_TOO_LATE:
+        raise AllocatorInstallError(_TOO_LATE)
+    if rc == _RC_TWICE:
+        raise AllocatorInstallError(err.value.decode() + "; start a new process for another "
+                                    "plan. Nothing was installed.")
+    if rc != _RC_OK:
+        raise ValueError(err.value.decode())
+
+
+_clib_lock = threading.Lock()
+_clib_handle = None
+
+
+def _clib():
+    global _clib_handle
+    with _clib_lock:
+        if _clib_handle is None:
+            from . import library_path
+
+            lib = ctypes.CDLL(str(library_path()))
+            p, u64, i32, i64 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64
+            cp, sz = ctypes.c_char_p, ctypes.c_size_t
+            sig = {
+                "tfswap_pool_create": (ctypes.c_int, [i32, p, p, u64, u64, cp, p, cp, sz]),
+                "tfswap_pool_destroy": (None, [p]),
+                "tfswap_pool_replay": (ctypes.c_int, [p, i64, p, p, p, p, p, p, p, cp, sz]),
+                "tfswap_pool_stats": (i32, [p, p, p, p]),
+                "tfswap_pool_check": (ctypes.c_int, [p, cp, sz]),
+                "tfswap_pool_stress": (ctypes.c_int, [p, i32, i64, u64, p, cp, sz]),
+                "tfswap_install_gpu_pool": (ctypes.c_int, [i32, p, p, u64, u64, cp, i32, cp, sz]),
+                "tfswap_gpu_pool_stats": (ctypes.c_int, [p, p, p, p, cp, sz]),
+                "tfswap_tf_pool_selftest": (ctypes.c_int, [i32, p, p, u64, u64, cp, i32, p, p,
+                                                           p, p, cp, sz]),
+                "tfswap_testonly_create_tf_gpu_process_state": (None, []),
+            }
+            for name, (res, args) in sig.items():
+                fn = getattr(lib, name)
+                fn.restype, fn.argtypes = res, args
+            _clib_handle = lib
+        return _clib_handle
+
+
+def _as_int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be integers (bytes or counts), got {value!r}")
+    return int(value)
+
+
+def _ptr(a: np.ndarray):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def _class_arrays(alloc: PoolAllocation):
+    return (np.array(alloc.class_bytes, dtype=np.uint64),
+            np.array(alloc.class_count, dtype=np.uint64))
+
+
+def _create(lib, alloc: PoolAllocation):
+    cb, cc = _class_arrays(alloc)
+    out = ctypes.c_void_p()
+    err = ctypes.create_string_buffer(_ERRLEN)
+    rc = lib.tfswap_pool_create(len(alloc.class_bytes), _ptr(cb), _ptr(cc),
+                                alloc.small_pool_bytes, alloc.small_threshold_bytes,
+                                alloc.plan_id.encode(), ctypes.byref(out), err, _ERRLEN)
+    if rc != _RC_OK:
+        raise ValueError(err.value.decode())
+    return out
+
+
+def _encode_events(events):
+    is_alloc, handles, nbytes = [], [], []
+    ids: dict = {}
+    for k, ev in enumerate(events):
+        try:
+            a, h, b = ev
+        except (TypeError, ValueError):
+            raise ValueError(f"event {k} is {ev!r}; events are (is_alloc, handle, nbytes)") from None
+        is_alloc.append(1 if a else 0)
+        handles.append(ids.setdefault(h, len(ids)))
+        b = _as_int(b, f"event {k}: nbytes")
+        if b < 0:
+            raise ValueError(f"event {k}: nbytes must be >= 0, got {b}")
+        nbytes.append(b if a else 0)
+    return (np.array(is_alloc, dtype=np.uint8), np.array(handles, dtype=np.int64),
+            np.array(nbytes, dtype=np.uint64))
+
+
+def _stats(lib, pool, n_classes: int) -> PoolStats:
+    totals = np.zeros(5, dtype=np.uint64)
+    per_class = np.zeros(5 * max(n_classes, 1), dtype=np.uint64)
+    small = np.zeros(6, dtype=np.uint64)
+    lib.tfswap_pool_stats(pool, _ptr(totals), _ptr(per_class), _ptr(small))
+    return _unpack_stats(totals, per_class, small, n_classes)
+
+
+def _unpack_stats(totals, per_class, small, n_classes: int) -> PoolStats:
+    t = [int(x) for x in totals]
+    rows = per_class[:5 * n_classes].reshape(n_classes, 5) if n_classes else []
+    return PoolStats(bytes_limit=t[0], bytes_in_use=t[1], peak_bytes_in_use=t[2],
+                     num_allocs=t[3], largest_alloc_size=t[4],
+                     classes=tuple(ClassStats(*(int(x) for x in r)) for r in rows),
+                     small=SmallPoolStats(*(int(x) for x in small)))

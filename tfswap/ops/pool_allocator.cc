@@ -1,0 +1,285 @@
+#include "pool_allocator.h"
+
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "tensorflow/core/common_runtime/gpu/gpu_process_state.h"
+#include "tensorflow/core/platform/logging.h"
+
+namespace tfswap {
+
+PoolAllocator::PoolAllocator(std::unique_ptr<PoolCore> core) : core_(std::move(core)) {}
+
+void* PoolAllocator::AllocateRaw(size_t alignment, size_t num_bytes) {
+  AllocResult r = core_->Allocate(num_bytes, alignment);
+  if (r.status != AllocStatus::kOk) {
+    LOG(ERROR) << r.error;
+    std::lock_guard<std::mutex> lock(error_mu_);
+    last_error_ = r.error;
+    return nullptr;
+  }
+  return r.ptr;
+}
+
+void PoolAllocator::DeallocateRaw(void* ptr) {
+  if (ptr == nullptr) return;
+  std::string error;
+  // A bad free means the bookkeeping is broken; carrying on would hand the
+  // same memory to two tensors.
+  if (!core_->Free(ptr, &error)) LOG(FATAL) << error;
+}
+
+size_t PoolAllocator::RequestedSize(const void* ptr) const {
+  int32_t cls;
+  int64_t obj;
+  uint64_t requested = 0, allocated = 0;
+  if (!core_->Lookup(ptr, &cls, &obj, &requested, &allocated)) {
+    LOG(FATAL) << "tfswap pool allocator: RequestedSize of a pointer it does not hold";
+  }
+  return requested;
+}
+
+size_t PoolAllocator::AllocatedSize(const void* ptr) const {
+  int32_t cls;
+  int64_t obj;
+  uint64_t requested = 0, allocated = 0;
+  if (!core_->Lookup(ptr, &cls, &obj, &requested, &allocated)) {
+    LOG(FATAL) << "tfswap pool allocator: AllocatedSize of a pointer it does not hold";
+  }
+  return allocated;
+}
+
+std::optional<tsl::AllocatorStats> PoolAllocator::GetStats() {
+  const PoolStats s = core_->Stats();
+  tsl::AllocatorStats out;
+  out.num_allocs = static_cast<int64_t>(s.num_allocs);
+  out.bytes_in_use = static_cast<int64_t>(s.bytes_in_use);
+  out.peak_bytes_in_use = static_cast<int64_t>(s.peak_bytes_in_use);
+  out.largest_alloc_size = static_cast<int64_t>(s.largest_alloc_size);
+  // TF's GPU device sizes itself from bytes_limit: it is the arena, all of
+  // which is reserved up front.
+  out.bytes_limit = static_cast<int64_t>(s.bytes_limit);
+  out.bytes_reserved = static_cast<int64_t>(s.bytes_limit);
+  out.peak_bytes_reserved = static_cast<int64_t>(s.bytes_limit);
+  out.pool_bytes = static_cast<int64_t>(s.bytes_limit);
+  out.peak_pool_bytes = static_cast<int64_t>(s.bytes_limit);
+  return out;
+}
+
+tsl::AllocatorMemoryType PoolAllocator::GetMemoryType() const {
+  return core_->host_accessible() ? tsl::AllocatorMemoryType::kHostPageable
+                                  : tsl::AllocatorMemoryType::kDevice;
+}
+
+std::string PoolAllocator::last_error() const {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  return last_error_;
+}
+
+void* AllocatorMemorySource::Reserve(size_t bytes, size_t alignment, std::string* error) {
+  void* p = from_->AllocateRaw(alignment, bytes);
+  if (p == nullptr) {
+    *error = "could not reserve the pool arena of " + std::to_string(bytes) +
+             " bytes from TensorFlow's device allocator '" + from_->Name() +
+             "'; the plan's size classes need more memory than the device has "
+             "(re-plan with a smaller budget)";
+  }
+  return p;
+}
+
+namespace {
+
+class PoolGPUProcessState : public tensorflow::GPUProcessState {
+ public:
+  PoolGPUProcessState(PoolConfig config, int device_index)
+      : config_(std::move(config)), device_index_(device_index) {}
+
+  using tensorflow::GPUProcessState::GetGPUAllocator;
+
+  tensorflow::Allocator* GetGPUAllocator(
+      const tensorflow::GPUOptions& options, tsl::TfDeviceId tf_device_id,
+      size_t total_bytes, const std::vector<tsl::TfDeviceId>& peer_gpu_ids) override {
+    tensorflow::Allocator* device_allocator = tensorflow::GPUProcessState::GetGPUAllocator(
+        options, tf_device_id, total_bytes, peer_gpu_ids);
+    if (tf_device_id.value() != device_index_ || device_allocator == nullptr) {
+      return device_allocator;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pool_ == nullptr) {
+      std::string error;
+      auto core = PoolCore::Create(
+          config_, std::make_unique<AllocatorMemorySource>(device_allocator), &error);
+      if (core == nullptr) {
+        error = "tfswap pool allocator (plan '" + config_.plan_id + "'): " + error;
+        LOG(ERROR) << error;
+        setup_error_ = error;
+        return nullptr;  // TF fails the device creation; no silent fallback
+      }
+      pool_ = std::make_unique<PoolAllocator>(std::move(core));
+      LOG(INFO) << "tfswap pool allocator active on GPU " << device_index_ << " for plan '"
+                << config_.plan_id << "': arena " << pool_->core().arena_bytes() << " bytes";
+    }
+    return pool_.get();
+  }
+
+  PoolAllocator* pool() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pool_.get();
+  }
+  std::string setup_error() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return setup_error_;
+  }
+
+ private:
+  const PoolConfig config_;
+  const int device_index_;
+  std::mutex mu_;
+  std::unique_ptr<PoolAllocator> pool_;
+  std::string setup_error_;
+};
+
+std::atomic<PoolGPUProcessState*> g_installed{nullptr};
+
+void SetError(char* err, size_t errlen, const std::string& msg) {
+  if (err == nullptr || errlen == 0) return;
+  const size_t n = std::min(errlen - 1, msg.size());
+  std::memcpy(err, msg.data(), n);
+  err[n] = '\0';
+}
+
+PoolConfig MakeConfig(int32_t n, const uint64_t* class_bytes, const uint64_t* class_count,
+                      uint64_t small_pool_bytes, uint64_t small_threshold_bytes,
+                      const char* plan_id) {
+  PoolConfig cfg;
+  cfg.class_bytes.assign(class_bytes, class_bytes + n);
+  cfg.class_count.assign(class_count, class_count + n);
+  cfg.small_pool_bytes = small_pool_bytes;
+  cfg.small_threshold_bytes = small_threshold_bytes;
+  cfg.plan_id = plan_id != nullptr ? plan_id : "";
+  return cfg;
+}
+
+}  // namespace
+}  // namespace tfswap
+
+extern "C" {
+
+int32_t tfswap_pool_stats(void* pool, uint64_t* totals, uint64_t* per_class,
+                          uint64_t* small);  // pool_capi.cc
+
+// 0: installed; 2: bad config; 4: too late (TF's GPUProcessState already
+// exists); 5: a tfswap pool is already installed in this process.
+int tfswap_install_gpu_pool(int32_t n_classes, const uint64_t* class_bytes,
+                            const uint64_t* class_count, uint64_t small_pool_bytes,
+                            uint64_t small_threshold_bytes, const char* plan_id,
+                            int32_t device_index, char* err, size_t errlen) {
+  using tfswap::PoolGPUProcessState;
+  if (n_classes < 0 || device_index < 0) {
+    tfswap::SetError(err, errlen, "n_classes and device_index must be >= 0");
+    return 2;
+  }
+  tfswap::PoolConfig cfg = tfswap::MakeConfig(n_classes, class_bytes, class_count,
+                                              small_pool_bytes, small_threshold_bytes, plan_id);
+  std::string error;
+  if (!tfswap::PoolCore::Validate(cfg, &error)) {
+    tfswap::SetError(err, errlen, error);
+    return 2;
+  }
+  if (tfswap::g_installed.load() != nullptr) {
+    tfswap::SetError(err, errlen, "a tfswap pool allocator is already installed in this "
+                                  "process; one plan per process");
+    return 5;
+  }
+  auto* ours = new PoolGPUProcessState(std::move(cfg), device_index);
+  tensorflow::GPUProcessState* got = tensorflow::GPUProcessState::singleton(ours);
+  if (got != ours) {
+    delete ours;  // never registered anywhere
+    tfswap::SetError(err, errlen,
+                     "TensorFlow's GPUProcessState already exists (devices were created)");
+    return 4;
+  }
+  tfswap::g_installed.store(ours);
+  return 0;
+}
+
+// 0: stats written (same layout as tfswap_pool_stats, see pool_capi.cc);
+// 1: installed but no device has asked for its allocator yet; 2: nothing
+// installed; 3: per_class holds fewer rows than the pool has classes (*n_classes
+// is the capacity on entry, the number of classes on return).  err receives the last allocation failure or setup error.
+int tfswap_gpu_pool_stats(uint64_t* totals, uint64_t* per_class, uint64_t* small,
+                          int32_t* n_classes, char* err, size_t errlen) {
+  tfswap::PoolGPUProcessState* ps = tfswap::g_installed.load();
+  if (ps == nullptr) return 2;
+  tfswap::PoolAllocator* pool = ps->pool();
+  if (pool == nullptr) {
+    tfswap::SetError(err, errlen, ps->setup_error());
+    return 1;
+  }
+  const int32_t capacity = *n_classes;  // rows per_class can hold
+  *n_classes = static_cast<int32_t>(pool->core().config().class_bytes.size());
+  if (*n_classes > capacity) return 3;
+  tfswap_pool_stats(&pool->core(), totals, per_class, small);
+  tfswap::SetError(err, errlen, pool->last_error());
+  return 0;
+}
+
+// Makes TensorFlow create its own GPUProcessState, as a GPU build does when it
+// creates devices (a CPU build never does).  Tests call it in a throwaway
+// process to check that tfswap_install_gpu_pool then refuses.
+void tfswap_testonly_create_tf_gpu_process_state() {
+  tensorflow::GPUProcessState::singleton();
+}
+
+// Exercises PoolAllocator through the tsl::Allocator interface over host
+// memory (what TF calls on a device), so that layer is tested without a GPU.
+// Allocates `n` requests of the given sizes, records GetStats() into
+// stats_out = {num_allocs, bytes_in_use, peak_bytes_in_use, largest_alloc_size,
+// bytes_limit}, requested/allocated sizes per request, then frees them all and
+// returns 0; a nullptr from AllocateRaw returns 1 with the pool's message.
+int tfswap_tf_pool_selftest(int32_t n_classes, const uint64_t* class_bytes,
+                            const uint64_t* class_count, uint64_t small_pool_bytes,
+                            uint64_t small_threshold_bytes, const char* plan_id, int32_t n,
+                            const uint64_t* sizes, uint64_t* requested_out,
+                            uint64_t* allocated_out, int64_t* stats_out, char* err,
+                            size_t errlen) {
+  std::string error;
+  auto core = tfswap::PoolCore::Create(
+      tfswap::MakeConfig(n_classes, class_bytes, class_count, small_pool_bytes,
+                         small_threshold_bytes, plan_id),
+      tfswap::NewHostMemorySource(), &error);
+  if (core == nullptr) {
+    tfswap::SetError(err, errlen, error);
+    return 2;
+  }
+  tfswap::PoolAllocator alloc(std::move(core));
+  tsl::Allocator* a = &alloc;
+  std::vector<void*> ptrs;
+  int rc = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    void* p = a->AllocateRaw(tsl::Allocator::kAllocatorAlignment, sizes[i]);
+    if (p == nullptr) {
+      tfswap::SetError(err, errlen, alloc.last_error());
+      rc = 1;
+      break;
+    }
+    requested_out[i] = a->RequestedSize(p);
+    allocated_out[i] = a->AllocatedSize(p);
+    ptrs.push_back(p);
+  }
+  std::optional<tsl::AllocatorStats> s = a->GetStats();
+  stats_out[0] = s->num_allocs;
+  stats_out[1] = s->bytes_in_use;
+  stats_out[2] = s->peak_bytes_in_use;
+  stats_out[3] = s->largest_alloc_size;
+  stats_out[4] = s->bytes_limit.value_or(-1);
+  for (void* p : ptrs) a->DeallocateRaw(p);
+  if (a->GetStats()->bytes_in_use != 0) {
+    tfswap::SetError(err, errlen, "bytes in use after freeing everything");
+    return 3;
+  }
+  return rc;
+}
+
+}  // extern "C"

@@ -1,0 +1,275 @@
+// C entry points of the pool over host memory, for tfswap.ops.allocator
+// (ctypes) and the AddressSanitizer driver.  No TensorFlow here, so this file
+// and pool_core.cc build on their own.
+//
+// Return codes: 0 ok, 1 pool exhausted (a class or the small pool), 2 bad
+// argument or bad event, 3 internal inconsistency found.  Messages go to err.
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include "pool_core.h"
+
+namespace {
+
+void SetError(char* err, size_t errlen, const std::string& msg) {
+  if (err == nullptr || errlen == 0) return;
+  const size_t n = std::min(errlen - 1, msg.size());
+  std::memcpy(err, msg.data(), n);
+  err[n] = '\0';
+}
+
+int CodeOf(tfswap::AllocStatus s) {
+  switch (s) {
+    case tfswap::AllocStatus::kOk: return 0;
+    case tfswap::AllocStatus::kClassExhausted:
+    case tfswap::AllocStatus::kSmallPoolFull:
+    case tfswap::AllocStatus::kTooLarge: return 1;
+    default: return 2;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int tfswap_pool_create(int32_t n_classes, const uint64_t* class_bytes,
+                       const uint64_t* class_count, uint64_t small_pool_bytes,
+                       uint64_t small_threshold_bytes, const char* plan_id, void** out,
+                       char* err, size_t errlen) {
+  if (n_classes < 0 || out == nullptr) {
+    SetError(err, errlen, "bad arguments to tfswap_pool_create");
+    return 2;
+  }
+  tfswap::PoolConfig cfg;
+  cfg.class_bytes.assign(class_bytes, class_bytes + n_classes);
+  cfg.class_count.assign(class_count, class_count + n_classes);
+  cfg.small_pool_bytes = small_pool_bytes;
+  cfg.small_threshold_bytes = small_threshold_bytes;
+  cfg.plan_id = plan_id != nullptr ? plan_id : "";
+  std::string error;
+  auto pool = tfswap::PoolCore::Create(cfg, tfswap::NewHostMemorySource(), &error);
+  if (pool == nullptr) {
+    SetError(err, errlen, error);
+    return 2;
+  }
+  *out = pool.release();
+  return 0;
+}
+
+void tfswap_pool_destroy(void* pool) { delete static_cast<tfswap::PoolCore*>(pool); }
+
+// Replays events in order.  Event i allocates nbytes[i] under handle[i] when
+// is_alloc[i] != 0, else frees what handle[i] holds.  For each allocation
+// out_class[i] / out_object[i] receive the slot (class -1 = small pool, object
+// = block offset in 256-byte units); for frees they are left alone.  On a
+// failure *failed_at is the event's index, fail_info = {class index (or -1),
+// class bytes, requested bytes}; the pool keeps what was allocated before it.
+int tfswap_pool_replay(void* pool_ptr, int64_t n_events, const uint8_t* is_alloc,
+                       const int64_t* handle, const uint64_t* nbytes, int32_t* out_class,
+                       int64_t* out_object, int64_t* failed_at, int64_t* fail_info,
+                       char* err, size_t errlen) {
+  auto* pool = static_cast<tfswap::PoolCore*>(pool_ptr);
+  std::unordered_map<int64_t, void*> live;
+  live.reserve(static_cast<size_t>(n_events));
+  *failed_at = -1;
+  for (int64_t i = 0; i < n_events; ++i) {
+    if (is_alloc[i]) {
+      if (live.count(handle[i])) {
+        *failed_at = i;
+        SetError(err, errlen, "event " + std::to_string(i) + ": handle " +
+                                  std::to_string(handle[i]) +
+                                  " is allocated again before it was freed");
+        return 2;
+      }
+      tfswap::AllocResult r = pool->Allocate(nbytes[i], 64);
+      if (r.status != tfswap::AllocStatus::kOk) {
+        *failed_at = i;
+        fail_info[0] = r.class_index;
+        fail_info[1] = static_cast<int64_t>(r.class_bytes);
+        fail_info[2] = static_cast<int64_t>(nbytes[i]);
+        SetError(err, errlen, r.error);
+        return CodeOf(r.status);
+      }
+      live.emplace(handle[i], r.ptr);
+      out_class[i] = r.class_index;
+      out_object[i] = r.object_index;
+    } else {
+      auto it = live.find(handle[i]);
+      if (it == live.end()) {
+        *failed_at = i;
+        SetError(err, errlen, "event " + std::to_string(i) + ": handle " +
+                                  std::to_string(handle[i]) +
+                                  " is freed but holds no allocation");
+        return 2;
+      }
+      std::string error;
+      if (!pool->Free(it->second, &error)) {
+        *failed_at = i;
+        SetError(err, errlen, error);
+        return 3;
+      }
+      live.erase(it);
+    }
+  }
+  return 0;
+}
+
+// totals = {bytes_limit, bytes_in_use, peak_bytes_in_use, num_allocs,
+//           largest_alloc_size}; per_class = n x {class_bytes, count, in_use,
+//           peak_in_use, num_allocs}; small = {limit_bytes, in_use_bytes,
+//           peak_in_use_bytes, requested_in_use_bytes, carved_bytes, num_allocs}.
+int32_t tfswap_pool_stats(void* pool_ptr, uint64_t* totals, uint64_t* per_class,
+                          uint64_t* small) {
+  const tfswap::PoolStats s = static_cast<tfswap::PoolCore*>(pool_ptr)->Stats();
+  totals[0] = s.bytes_limit;
+  totals[1] = s.bytes_in_use;
+  totals[2] = s.peak_bytes_in_use;
+  totals[3] = s.num_allocs;
+  totals[4] = s.largest_alloc_size;
+  for (size_t i = 0; i < s.classes.size(); ++i) {
+    const tfswap::ClassStats& c = s.classes[i];
+    uint64_t* row = per_class + 5 * i;
+    row[0] = c.class_bytes;
+    row[1] = c.count;
+    row[2] = c.in_use;
+    row[3] = c.peak_in_use;
+    row[4] = c.num_allocs;
+  }
+  small[0] = s.small.limit_bytes;
+  small[1] = s.small.in_use_bytes;
+  small[2] = s.small.peak_in_use_bytes;
+  small[3] = s.small.requested_in_use_bytes;
+  small[4] = s.small.carved_bytes;
+  small[5] = s.small.num_allocs;
+  return static_cast<int32_t>(s.classes.size());
+}
+
+int tfswap_pool_check(void* pool_ptr, char* err, size_t errlen) {
+  std::string error;
+  if (!static_cast<tfswap::PoolCore*>(pool_ptr)->CheckConsistency(&error)) {
+    SetError(err, errlen, error);
+    return 3;
+  }
+  return 0;
+}
+
+// n_threads threads each run ops_per_thread random steps on the pool:
+// allocate a random size (one that maps to a random class, or a small one) or
+// free one of their own allocations.  Each allocation is stamped with a
+// pattern unique to it (whole buffer up to 4 KiB, and its last bytes), checked
+// before the free: two threads handed the same memory would clobber each
+// other's stamps.  Exhaustion is expected under contention and answered with a
+// free.  At the end every thread frees everything and the pool must be back
+// to empty and consistent.  *successful_allocs receives the number of
+// successful allocations, which must equal the growth of the pool's num_allocs.
+// The pool must hold nothing when the run starts.
+int tfswap_pool_stress(void* pool_ptr, int32_t n_threads, int64_t ops_per_thread,
+                       uint64_t seed, uint64_t* successful_allocs, char* err,
+                       size_t errlen) {
+  auto* pool = static_cast<tfswap::PoolCore*>(pool_ptr);
+  if (!pool->host_accessible() || n_threads <= 0 || ops_per_thread < 0) {
+    SetError(err, errlen, "stress needs a host pool, n_threads > 0, ops_per_thread >= 0");
+    return 2;
+  }
+  const tfswap::PoolStats before = pool->Stats();
+  if (before.bytes_in_use != 0) {
+    SetError(err, errlen, "stress needs a pool that holds nothing");
+    return 2;
+  }
+  const tfswap::PoolConfig& cfg = pool->config();
+  std::atomic<uint64_t> allocs{0};
+  std::atomic<bool> failed{false};
+  std::mutex err_mu;
+  std::string first_error;
+  auto fail = [&](const std::string& msg) {
+    std::lock_guard<std::mutex> lock(err_mu);
+    if (!failed.exchange(true)) first_error = msg;
+  };
+
+  auto worker = [&](int t) {
+    std::mt19937_64 rng(seed * 1000003 + t);
+    struct Held { unsigned char* p; uint64_t bytes; unsigned char stamp; };
+    std::vector<Held> held;
+    auto stamp_span = [](uint64_t bytes) { return std::min<uint64_t>(bytes, 4096); };
+    auto check_and_free = [&](size_t k) {
+      Held h = held[k];
+      held[k] = held.back();
+      held.pop_back();
+      const uint64_t span = stamp_span(h.bytes);
+      for (uint64_t b = 0; b < span; ++b) {
+        if (h.p[b] != h.stamp) { fail("corruption: a live buffer was overwritten"); return; }
+      }
+      for (uint64_t b = h.bytes - std::min<uint64_t>(h.bytes, 64); b < h.bytes; ++b) {
+        if (h.p[b] != h.stamp) { fail("corruption at the end of a live buffer"); return; }
+      }
+      std::string error;
+      if (!pool->Free(h.p, &error)) fail(error);
+    };
+    for (int64_t step = 0; step < ops_per_thread && !failed.load(); ++step) {
+      const bool do_alloc = held.empty() || (rng() % 100) < 55;
+      if (!do_alloc) {
+        check_and_free(rng() % held.size());
+        continue;
+      }
+      uint64_t bytes;
+      const size_t k = cfg.class_bytes.size();
+      const uint64_t choice = rng() % (k + 1);
+      if (choice == k || k == 0) {
+        bytes = 1 + rng() % std::max<uint64_t>(1, std::min<uint64_t>(cfg.small_threshold_bytes - 1, 8192));
+      } else {
+        const uint64_t hi = cfg.class_bytes[choice];
+        const uint64_t lo = std::max<uint64_t>(
+            choice == 0 ? cfg.small_threshold_bytes : cfg.class_bytes[choice - 1] + 1,
+            cfg.small_threshold_bytes);
+        if (lo > hi) continue;  // a class entirely below the threshold is never used
+        bytes = lo + rng() % (hi - lo + 1);
+      }
+      tfswap::AllocResult r = pool->Allocate(bytes, 64);
+      if (r.status == tfswap::AllocStatus::kOk) {
+        allocs.fetch_add(1);
+        const unsigned char stamp = static_cast<unsigned char>(rng() | 1);
+        auto* p = static_cast<unsigned char*>(r.ptr);
+        std::memset(p, stamp, stamp_span(bytes));
+        std::memset(p + bytes - std::min<uint64_t>(bytes, 64), stamp, std::min<uint64_t>(bytes, 64));
+        held.push_back({p, bytes, stamp});
+      } else if (r.status == tfswap::AllocStatus::kBadAlignment) {
+        fail(r.error);
+      } else if (!held.empty()) {
+        check_and_free(rng() % held.size());
+      }
+    }
+    while (!held.empty()) check_and_free(held.size() - 1);
+  };
+
+  std::vector<std::thread> threads;
+  for (int t = 0; t < n_threads; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  *successful_allocs = allocs.load();
+  if (failed.load()) {
+    SetError(err, errlen, first_error);
+    return 3;
+  }
+  std::string error;
+  if (!pool->CheckConsistency(&error)) {
+    SetError(err, errlen, error);
+    return 3;
+  }
+  const tfswap::PoolStats s = pool->Stats();
+  if (s.bytes_in_use != 0 || s.num_allocs - before.num_allocs != allocs.load()) {
+    SetError(err, errlen, "after the stress run the pool holds " +
+                              std::to_string(s.bytes_in_use) + " bytes and counted " +
+                              std::to_string(s.num_allocs - before.num_allocs) +
+                              " allocations, threads made " +
+                              std::to_string(allocs.load()));
+    return 3;
+  }
+  return 0;
+}
+
+}  // extern "C"
