@@ -26,6 +26,7 @@ Version-1 files still load (no allocation, no resident parameters).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -191,6 +192,11 @@ class Plan:
             unknown = [w for w in s.in_wait_for if w not in ids]
             if unknown:
                 raise ValueError(f"swap {s.id!r} waits for unknown swaps {unknown}")
+
+    @property
+    def id(self) -> str:
+        """A short content hash: names this plan in allocator errors and file names."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
 
     @property
     def swapped_bytes(self) -> int:

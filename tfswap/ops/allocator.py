@@ -195,6 +195,11 @@ def as_allocation(plan_or_allocation) -> PoolAllocation:
         return obj
     inner = getattr(obj, "allocation", None)
     if inner is not None and inner is not obj:
+        if not hasattr(inner, "plan_id") and hasattr(obj, "id"):  # a tfswap Plan
+            return PoolAllocation(
+                class_bytes=tuple(inner.class_bytes), class_count=tuple(inner.class_count),
+                small_pool_bytes=inner.small_pool_bytes, plan_id=str(obj.id),
+                small_threshold_bytes=inner.small_threshold_bytes)
         return as_allocation(inner)
     fields = ("class_bytes", "class_count", "small_pool_bytes", "plan_id")
     if all(hasattr(obj, f) for f in fields):
