@@ -5,7 +5,10 @@ For each swap (SwapAdvisor §4.2, Fig. 3):
 * ``SwapOut`` reads the tensor and runs after ``out_after`` (control edge),
   placed so that its host buffer is attributed to the host;
 * ``SwapIn`` reads the SwapOut's output and runs after its trigger op
-  ``in_after`` and after the swap-outs listed in ``in_wait_for``;
+  ``in_after`` (none when it is empty) and after the swap-outs listed in
+  ``in_wait_for``;
+* the ops listed in ``out_before`` run after the SwapOut (they take the
+  memory it frees);
 * the listed consumers read the SwapIn's output; every other reader keeps
   reading the original.
 
@@ -145,6 +148,11 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
     swap_out_name = {}
     swap_in_node = {}
     for k, swap in enumerate(plan.swaps):
+        if swap.kind != "round_trip":
+            raise RewriteError(
+                f"swap {swap.id!r} is a {swap.kind} of a parameter; this rewrite moves "
+                "activations only (parameters stay on the device), so plan with parameters "
+                "resident (tfswap.tf.ir.pin_parameters) or drop this swap")
         producer, index = split_tensor_name(swap.tensor)
         if producer not in nodes:
             raise RewriteError(f"swap {swap.id!r}: tensor {swap.tensor!r} has no producer in the graph")
@@ -155,8 +163,8 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         if not tensor.dtype.is_numpy_compatible or tensor.dtype in (tf.string, tf.resource, tf.variant):
             raise RewriteError(f"swap {swap.id!r}: {swap.tensor} is a {tensor.dtype.name} tensor, "
                                "which cannot be swapped")
-        for op in (swap.out_after, swap.in_after):
-            if op not in nodes:
+        for op in (swap.out_after, swap.in_after, *swap.out_before):
+            if op and op not in nodes:
                 raise RewriteError(f"swap {swap.id!r}: op {op!r} is not in the graph")
         for consumer in swap.consumers:
             if consumer not in nodes:
@@ -178,7 +186,9 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         if tensor.shape.is_fully_defined():
             out_node.attr["_output_shapes"].list.shape.add().CopyFrom(tensor.shape.as_proto())
         in_node = graph_def.node.add(name=in_name, op=SWAP_IN_OP, device=device)
-        in_node.input.extend([out_name, "^" + swap.in_after])
+        in_node.input.append(out_name)
+        if swap.in_after:
+            in_node.input.append("^" + swap.in_after)
         in_node.attr["T"].CopyFrom(dtype_attr)
         if tensor.shape.is_fully_defined():
             in_node.attr["_output_shapes"].CopyFrom(out_node.attr["_output_shapes"])
@@ -195,6 +205,8 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
 
     for swap in plan.swaps:  # after the loop: a swap may wait for a later-listed one
         swap_in_node[swap.id].input.extend("^" + swap_out_name[w] for w in swap.in_wait_for)
+        for op in swap.out_before:
+            nodes[op].input.append("^" + swap_out_name[swap.id])
 
     for node in graph_def.node:
         if not node.device:
