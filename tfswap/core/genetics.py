@@ -65,18 +65,24 @@ class Precedence:
         return bool(np.all(position[sources] < position[self.succ]))
 
 
-def crossover_schedules(first: np.ndarray, second: np.ndarray,
-                        rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def crossover_schedules(first: np.ndarray, second: np.ndarray, rng: np.random.Generator,
+                        cut: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Fig. 4: child 1 = second[:cut] then the rest in first's order; child 2 mirrored.
 
     A prefix of a topological order holds all predecessors of its ops, and the
     rest keeps the other parent's (topological) relative order, so both
-    children are topological orders.
+    children are topological orders.  ``cut`` (1..n-1) defaults to a random one.
     """
     n = len(first)
+    if len(second) != n:
+        raise ValueError(f"the parents schedule {n} and {len(second)} ops; both must be "
+                         "orders of the same graph")
     if n < 2:
         return first.copy(), second.copy()
-    cut = int(rng.integers(1, n))
+    if cut is None:
+        cut = int(rng.integers(1, n))
+    if not 1 <= cut < n:
+        raise ValueError(f"crossover cut must be in [1, {n - 1}], got {cut}")
     return _splice(second, first, cut), _splice(first, second, cut)
 
 
@@ -240,11 +246,10 @@ def softmax_select(times: np.ndarray, k: int, rng: np.random.Generator,
     best = float(np.min(times[finite])) if best_time is None and finite.any() else best_time
     if best is None or not np.isfinite(best) or best <= 0:
         return rng.choice(len(times), size=k, replace=False)
-    t_norm = np.where(finite, (best - times) / best / temperature, -np.inf)
-    weights = np.exp(t_norm - np.max(t_norm))
     n_feasible = int(finite.sum())
     if n_feasible >= k:
-        return rng.choice(len(times), size=k, replace=False, p=weights / weights.sum())
+        return rng.choice(len(times), size=k, replace=False,
+                          p=selection_probabilities(times, best, temperature))
     chosen = np.flatnonzero(finite)
     rest = rng.choice(np.flatnonzero(~finite), size=k - n_feasible, replace=False)
     return np.concatenate([chosen, rest])

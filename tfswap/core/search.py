@@ -37,6 +37,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
@@ -53,9 +54,11 @@ from tfswap.core.graph import DataflowGraph
 from tfswap.core.native import Evaluation, evaluate
 from tfswap.core.plan import Allocation, Plan
 from tfswap.core.planner import default_allocation, plan_swaps
+from tfswap.core.simulator import PlanError
 
 MODES = ("joint", "schedule", "allocation")
 PLANNER_NAME = "tfswap.ga"
+FINALISTS = 16   # best candidates kept in case the reference planner rejects one
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,8 @@ class SearchResult:
     evaluations: int
     stopped_because: str       # "time budget", "max generations" or "patience"
     config: SearchConfig
+    # Best candidates skipped because the reference simulator rejected their plan.
+    plans_rejected: int = 0
 
 
 class Fitness(base.Fitness):
@@ -269,6 +274,26 @@ class _Problem:
         n_classes = max(cls) + 1
         return tuple(int(c) for c in self.cg.class_demand(schedule.astype(np.int32),
                                                           self.buf_class(cls), n_classes))
+
+
+class _Finalists:
+    """The ``size`` best feasible individuals seen, in the order they ranked."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.items: list[tuple[float, int, Individual]] = []
+        self.seen = 0
+
+    def offer(self, individuals: list[Individual]) -> None:
+        for ind in individuals:
+            self.seen += 1
+            if ind.allocation is not None and math.isfinite(ind.time_s):
+                self.items.append((ind.time_s, self.seen, ind))
+        self.items.sort(key=lambda e: e[:2])
+        del self.items[self.size:]
+
+    def ranked(self) -> list[Individual]:
+        return [e[2] for e in self.items]
 
 
 def _toolbox(problem: _Problem, cfg: SearchConfig) -> base.Toolbox:
@@ -429,6 +454,8 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
                    executor=config.executor) as evaluator:
         population = _initial_population(problem, config, default_order, rng, tb)
         _evaluate(evaluator, population)
+        finalists = _Finalists(FINALISTS)
+        finalists.offer(population)
         heuristic_time = population[0].time_s
         best = min(population, key=lambda ind: ind.time_s)
         history = [_stats(0, start, evaluator.evaluations, population)]
@@ -449,6 +476,7 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
             generation += 1
             children = _offspring(problem, config, population, rng, tb)
             _evaluate(evaluator, children)
+            finalists.offer(children)
             gen_best = min(children, key=lambda ind: ind.time_s)
             if gen_best.time_s < best.time_s:
                 best, since_better = gen_best, 0
@@ -466,16 +494,31 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
         raise ValueError(f"no schedule and allocation fit the budget of {budget_bytes} bytes "
                          "(each op's inputs and outputs must fit at once, with the "
                          "small-tensor pool); raise the memory budget")
-    order = best.schedule.astype(np.int32)
-    best_eval = evaluate(cg, order, best.allocation, spec, recency_margin_s=recency_margin_s,
-                         params_start_on_host=params_start_on_host)
-    result_plan = plan_swaps(graph, budget_bytes, spec,
-                             schedule=[graph.ops[int(o)].name for o in order],
-                             allocation=best.allocation, keep=keep,
+    rejected = 0
+    for ind in finalists.ranked():
+        order = ind.schedule.astype(np.int32)
+        try:
+            # The reference planner and simulator re-check what the native library scored.
+            result_plan = plan_swaps(graph, budget_bytes, spec,
+                                     schedule=[graph.ops[int(o)].name for o in order],
+                                     allocation=ind.allocation, keep=keep,
+                                     recency_margin_s=recency_margin_s,
+                                     params_start_on_host=params_start_on_host,
+                                     small_threshold_bytes=small_threshold_bytes, compiled=cg)
+        except PlanError as err:
+            rejected += 1
+            warnings.warn(f"tfswap.ga: the reference simulator rejected the plan of a candidate "
+                          f"scored {ind.time_s:.6g} s ({err}); trying the next best. This is a "
+                          "planner bug: please report it with the graph", RuntimeWarning,
+                          stacklevel=2)
+            continue
+        best_eval = evaluate(cg, order, ind.allocation, spec,
                              recency_margin_s=recency_margin_s,
-                             params_start_on_host=params_start_on_host,
-                             small_threshold_bytes=small_threshold_bytes, compiled=cg)
-    return SearchResult(plan=replace(result_plan, planner=PLANNER_NAME),
-                        best_evaluation=best_eval, history=tuple(history),
-                        heuristic_time_s=heuristic_time, generations=generation,
-                        evaluations=evaluations, stopped_because=reason, config=config)
+                             params_start_on_host=params_start_on_host)
+        return SearchResult(plan=replace(result_plan, planner=PLANNER_NAME),
+                            best_evaluation=best_eval, history=tuple(history),
+                            heuristic_time_s=heuristic_time, generations=generation,
+                            evaluations=evaluations, stopped_because=reason, config=config,
+                            plans_rejected=rejected)
+    raise RuntimeError(f"the reference simulator rejected the plans of all {rejected} best "
+                       "candidates (a planner bug); please report it with the graph")
