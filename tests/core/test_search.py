@@ -163,7 +163,8 @@ def test_stopping_rules():
 def test_progress_line_on_stderr(capsys):
     run(max_generations=2, progress=True)
     err = capsys.readouterr().err
-    assert err.count("\r") == 4 and "best" in err  # generations 0-2, then the final line and "(max generations)" in err
+    # Generations 0-2, then the final line with the reason.
+    assert err.count("\r") == 4 and "best" in err and "(max generations)" in err
     run(max_generations=2, progress=False)
     assert capsys.readouterr().err == ""
 
