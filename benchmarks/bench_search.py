@@ -8,8 +8,8 @@ setting); the curve is printed at checkpoints, then the best at
 
 Graphs: ``--model synthetic`` (``layered_training_step(--ops)``, no
 TensorFlow needed), or ``resnet50`` / ``lstm`` with analytic profiles for
-the device when ``tfswap.zoo`` and ``tfswap.tf.profile`` provide them
-(``--batch`` sets the batch).
+the device when ``tfswap.tf.profile.analytic`` exists (``--batch`` sets the
+batch; the budget is still a third of the no-swap need).
 
     python -m benchmarks.bench_search --model synthetic --ops 10000 --minutes 10
     python -m benchmarks.bench_search --minutes 1 --compare 0.3   # a quick look
@@ -28,20 +28,28 @@ from tfswap.core.search import SearchConfig, plan
 from tfswap.core.synthetic import layered_training_step
 
 
-def real_graph(model: str, batch: int, spec):
-    """ResNet50 / LSTM as a DataflowGraph with analytic op times, when available."""
+def real_graph(model: str, batch: int | None, spec):
+    """ResNet50 / LSTM lowered with analytic op times for ``spec`` (no kernel runs).
+
+    Needs TensorFlow and the profile branch's ``tfswap.tf.profile.analytic``
+    and ``tfswap.tf.ir.lower``; returns (graph, fetches to keep, label).
+    """
     try:
         from tfswap import zoo
-        from tfswap.tf import profile
+        from tfswap.tf import capture, ir, profile
     except ImportError as err:
         sys.exit(f"--model {model} needs TensorFlow and tfswap.tf.profile ({err}); "
                  "use --model synthetic")
-    builder = getattr(zoo, model, None)
-    analytic = getattr(profile, "analytic_graph", None)
-    if builder is None or analytic is None:
-        sys.exit(f"this tfswap has no zoo.{model} builder or profile.analytic_graph yet; "
-                 "use --model synthetic")
-    return analytic(builder(batch=batch), spec)
+    if not hasattr(profile, "analytic") or not hasattr(ir, "lower"):
+        sys.exit("this tfswap has no analytic profiles yet (tfswap.tf.profile.analytic, "
+                 "tfswap.tf.ir.lower); use --model synthetic")
+    if model == "resnet50":
+        step = zoo.resnet50(batch=batch or 64, image=224, classes=1000)
+    else:
+        step = zoo.lstm(batch=batch or 64, steps=64, features=512, units=1024, layers=2)
+    captured = capture.capture(step.concrete_fn)
+    lowered = ir.lower(captured, profile.analytic(captured, spec))
+    return lowered.graph, tuple(lowered.fetches), f"{model} batch {batch or 64}"
 
 
 def main() -> None:
@@ -65,13 +73,14 @@ def main() -> None:
     args = ap.parse_args()
 
     spec = device_spec(args.spec)
+    keep = ()
     if args.model == "synthetic":
         graph = layered_training_step(args.ops, seed=0)
         label = f"synthetic layered step, {len(graph.ops)} ops"
     else:
-        graph = real_graph(args.model, args.batch, spec)
-        label = f"{args.model} batch {args.batch}, {len(graph.ops)} ops"
-    cg = CompiledGraph.build(graph)
+        graph, keep, label = real_graph(args.model, args.batch, spec)
+        label += f", {len(graph.ops)} ops"
+    cg = CompiledGraph.build(graph, keep=keep)
     need = default_allocation(cg, cg.order_of(None), 1 << 62).total_bytes
     budget = int(need * args.fraction)
     cfg = SearchConfig(population_size=args.population,
@@ -83,7 +92,7 @@ def main() -> None:
     print(f"{label}; spec {spec.name}; no-swap need {need / 2**30:.2f} GiB, budget "
           f"{budget / 2**30:.2f} GiB ({args.fraction:.3g}); {cfg}")
     t0 = time.monotonic()
-    res = plan(graph, budget, spec, config=cfg, compiled=cg)
+    res = plan(graph, budget, spec, config=cfg, keep=keep, compiled=cg)
     wall = time.monotonic() - t0
     ideal = res.best_evaluation.ideal_time_s
     print(f"heuristic (TF order, one class per size): {res.heuristic_time_s:.6f} s; "

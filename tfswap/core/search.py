@@ -87,7 +87,7 @@ class SearchConfig:
     crossovers_per_generation: int = 8
     mutation_probability: float = 0.02
     count_sigma: float = 0.25
-    selection_temperature: float = 1.0
+    selection_temperature: float = 0.05
     elite: int = 1
     time_budget_s: float | None = 60.0
     max_generations: int | None = None
