@@ -24,7 +24,7 @@ class BuildTfOps(build_ext):
     def build_extension(self, ext):
         import importlib.util
 
-        if ext.name == "tfswap.core.native._planner_sim":
+        if ext.name.startswith("tfswap.core.native."):
             spec = importlib.util.spec_from_file_location(
                 "_tfswap_native_build", Path(__file__).parent / "tfswap" / "_native_build.py")
             native_build = importlib.util.module_from_spec(spec)
@@ -64,7 +64,9 @@ setup(
                      "tfswap/ops/swap_ops.cc", "tfswap/ops/pool_core.cc",
                      "tfswap/ops/pool_capi.cc", "tfswap/ops/pool_allocator.cc"]),
                  Extension("tfswap.core.native._planner_sim",
-                           sources=["tfswap/core/native/planner_sim.cc"])],
+                           sources=["tfswap/core/native/planner_sim.cc"]),
+                 Extension("tfswap.core.native._schedule_ops",
+                           sources=["tfswap/core/native/schedule_ops.cc"])],
     cmdclass={"build_ext": BuildTfOps},
     install_requires=["numpy>=1.24", "deap>=1.4"],
     extras_require={
@@ -72,7 +74,7 @@ setup(
         # `tensorflow[and-cuda]` is not shadowed by a second CPU wheel.
         "cpu": ["tensorflow-cpu>=2.21,<2.22"],
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
-        "test": ["pytest>=8", "hypothesis>=6"],
+        "test": ["pytest>=8", "hypothesis>=6", "dask[distributed]"],
     },
     zip_safe=False,
 )
