@@ -184,12 +184,13 @@ class Plan:
                 raise ValueError(f"op {op!r} appears twice in the schedule")
             seen.add(op)
         ids = [s.id for s in self.swaps]
-        dup = {i for i in ids if ids.count(i) > 1}
+        seen_ids: set[str] = set()
+        dup = {i for i in ids if i in seen_ids or seen_ids.add(i)}
         if dup:
             raise ValueError(f"swap ids must be unique; repeated: {sorted(dup)} "
                              "(give repeated swaps of one tensor distinct ids)")
         for s in self.swaps:
-            unknown = [w for w in s.in_wait_for if w not in ids]
+            unknown = [w for w in s.in_wait_for if w not in seen_ids]
             if unknown:
                 raise ValueError(f"swap {s.id!r} waits for unknown swaps {unknown}")
 
