@@ -1,10 +1,19 @@
 """tfswap: train and serve TensorFlow models larger than accelerator memory.
 
 Importing ``tfswap`` does not import TensorFlow; ``tfswap.core`` never does.
-TensorFlow-facing code lives in ``tfswap.tf`` and ``tfswap.ops``.
+TensorFlow-facing code lives in ``tfswap.tf`` and ``tfswap.ops`` and is
+imported when :func:`optimize` or :func:`load_plan` first runs.
+
+Example::
+
+    fast = tfswap.optimize(concrete_fn, memory_budget="12GiB")
+    fast(x, y)
 """
 
+from tfswap.api import OptimizedFunction, PlanMismatchError, load_plan, optimize
+from tfswap.core.budget import BudgetError
 from tfswap.core.plan import Plan, Prediction, Swap
 
 __version__ = "0.1.0"
-__all__ = ["Plan", "Prediction", "Swap", "__version__"]
+__all__ = ["BudgetError", "OptimizedFunction", "Plan", "PlanMismatchError", "Prediction", "Swap",
+           "load_plan", "optimize", "__version__"]

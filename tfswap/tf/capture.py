@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,3 +169,17 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
         device=device,
         grappler_optimized=optimize,
     )
+
+
+def fingerprint(captured: CapturedFunction) -> str:
+    """A hash of the captured graph's structure: node names, ops, inputs, argument shapes.
+
+    Saved plans carry it, so a plan is never applied to another graph (another
+    model, batch shape, or a TensorFlow that optimises the step differently).
+    """
+    digest = hashlib.sha256()
+    for arg in captured.args:
+        digest.update(f"{arg.name}|{arg.dtype.name}|{arg.shape}\n".encode())
+    for node in sorted(captured.graph_def.node, key=lambda n: n.name):
+        digest.update(f"{node.name}|{node.op}|{','.join(node.input)}\n".encode())
+    return digest.hexdigest()[:16]
