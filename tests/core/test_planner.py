@@ -5,12 +5,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from tfswap.core import genetics, native
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.plan import Plan
 from tfswap.core.planner import InfeasibleAllocation, build_program, default_allocation, plan_swaps
 from tfswap.core.program import from_plan, to_plan_swaps
 from tfswap.core.simulator import run_program, simulate
-from tfswap.core.synthetic import random_dag
+from tfswap.core.synthetic import layered_training_step, random_dag
 from tests.core.plan_checks import MB, SPEC, budgets
 
 CASES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -122,3 +123,70 @@ def test_bad_inputs_say_what_to_do():
         plan_swaps(g, 1 << 40, SPEC, schedule=[op.name for op in reversed(g.ops)])
     with pytest.raises(ValueError, match="raise the memory budget"):
         plan_swaps(g, 2 * MB, SPEC)
+
+
+def some_schedule(g, cg, kind, rng):
+    dag = genetics.Precedence.of(g)
+    tf_order = cg.order_of(None)
+    if kind == "tf":
+        return tf_order
+    if kind == "random":
+        return genetics.random_schedule(dag, rng).astype(np.int32)
+    greedy = genetics.memory_greedy_schedule(g, dag, tie_break=tf_order).astype(np.int32)
+    if kind == "greedy":
+        return greedy
+    return genetics.mutate_schedule(greedy, dag, 0.1, rng).astype(np.int32)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), layered=st.booleans(), n_ops=st.integers(1, 60),
+       n_params=st.integers(0, 12), fraction=st.floats(0.1, 1.1),
+       kind=st.sampled_from(["tf", "random", "greedy", "mutated"]), host=st.booleans(),
+       margin=st.sampled_from([0.0, 2e-3]))
+def test_every_feasible_plan_runs_in_the_reference_simulator(seed, layered, n_ops, n_params,
+                                                             fraction, kind, host, margin):
+    """Whatever the order and budget, a plan the planner calls feasible is one the
+    reference simulator accepts (no copy into a buffer whose previous device copy
+    is still there, no copy before the swap-out or drop it waits for), and the
+    native library scores it with exactly the reference's time."""
+    rng = np.random.default_rng(seed)
+    if layered:  # a training step: every parameter read forward, backward and updated
+        g = layered_training_step(12 + 4 * n_ops, seed=seed)
+    else:
+        g = random_dag(rng, n_ops=n_ops, n_params=n_params)
+    cg = CompiledGraph.build(g)
+    order = some_schedule(g, cg, kind, rng)
+    assert g.is_topological(order.tolist())
+    budget, _ = budgets(cg, order, fraction)
+    alloc = default_allocation(cg, order, budget)
+    ev = native.evaluate(cg, order, alloc, SPEC, detail=True, params_start_on_host=host,
+                         recency_margin_s=margin)
+    try:
+        prog = build_program(cg, order, alloc, SPEC, recency_margin_s=margin,
+                             params_start_on_host=host)
+    except InfeasibleAllocation:
+        assert not ev.feasible
+        return
+    res = run_program(cg, prog, alloc, SPEC)  # raises PlanError on a bad plan
+    assert ev.feasible and ev.program == prog
+    assert ev.step_time_s == res.step_time_s
+    assert ev.peak_bytes == res.peak_bytes <= budget
+
+
+def test_a_parameter_comes_back_only_after_its_previous_copy_is_dropped():
+    """The memory-greedy order of this step makes the planner drop a parameter and
+    bring it back three times in a few ops (the bug of issue #4's follow-up)."""
+    g = layered_training_step(240, seed=2)
+    cg = CompiledGraph.build(g)
+    budget, _ = budgets(cg, cg.order_of(None), 0.35)
+    order = some_schedule(g, cg, "greedy", None)
+    alloc = default_allocation(cg, order, budget)
+    prog = build_program(cg, order, alloc, SPEC)
+    run_program(cg, prog, alloc, SPEC)  # raises PlanError on a bad plan
+    back_again = 0
+    for r in prog.ins:
+        before = [o for o in prog.outs if o.buf == r.buf and o.out_after < r.need]
+        if before:
+            assert r.trigger >= max(o.out_after for o in before)
+            back_again += not before[-1].copy
+    assert back_again >= 2

@@ -127,6 +127,7 @@ class _Scan:
         self.touched = [False] * B
         self.initial = [False] * B
         self.pending_out = [-1] * B
+        self.last_out = [-1] * B
         self.stamp = [-1] * B
         self.removed = []
         self.outs, self.ins, self.op_waits = [], [], []
@@ -201,8 +202,12 @@ class _Scan:
                 self.op_waits.append((k, j))
         if swap_in:
             own = self.pending_out[b]
-            if own >= 0:
-                trigger = max(trigger, self.outs[own].out_after)
+            prev = self.last_out[b]
+            if prev >= 0:
+                # The previous device copy of b must be gone before the new one
+                # arrives: a round trip also waits for its own swap-out (own ==
+                # prev), a drop is done when the op it follows is.
+                trigger = max(trigger, self.outs[prev].out_after)
             self.ins.append(InRec(b, trigger, waits, own, k))
             self.pending_out[b] = -1
             self.dirty[b] = False  # a fresh copy equals the host's
@@ -236,6 +241,7 @@ class _Scan:
         e = best
         self._release(e)
         q = self.last_use[e]
+        self.last_out[e] = len(self.outs)
         if cg.buf_persistent[e] and not self.dirty[e]:
             self.outs.append(OutRec(e, q, False))
             self.pending_out[e] = -1

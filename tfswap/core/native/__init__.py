@@ -147,7 +147,11 @@ def evaluate(cg: CompiledGraph, order: np.ndarray, allocation: Allocation, spec:
         inf = float("inf")
         return Evaluation(False, inf, inf, inf, 0, 0, 0, 0, 0, 0)
     if status != 0:
-        raise RuntimeError(f"native planner/simulator reported an internal error ({status}); "
+        what = {2: "takes more pool objects than the allocation has",
+                3: "deadlocks",
+                4: "copies a buffer in while it is on the device, or runs an op before "
+                   "its input is there"}.get(status, f"fails with status {status}")
+        raise RuntimeError(f"the native planner made a plan that {what} (a planner bug); "
                            "please report it with the graph")
     program = None
     if detail:

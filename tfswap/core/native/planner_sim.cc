@@ -55,7 +55,7 @@ struct Scan {
   std::vector<int64_t> counts, offset;
   // per-pass state
   std::vector<char> resident, dirty, touched, initial;
-  std::vector<int> obj, last_use, cursor, pending_out, stamp, ver;
+  std::vector<int> obj, last_use, cursor, pending_out, last_out, stamp, ver;
   std::vector<std::vector<Entry>> heap, fresh;
   std::vector<Entry> popped;
   std::vector<int> qbuf, qhead, qlen, rel;
@@ -196,6 +196,7 @@ struct Scan {
     int e = best;
     release(e);
     int q = last_use[e];
+    last_out[e] = (int)outs.size();
     if (g.persistent[e] && !dirty[e]) {
       outs.push_back({e, q, false});
       pending_out[e] = -1;
@@ -220,7 +221,8 @@ struct Scan {
     }
     if (swap_in) {
       int own = pending_out[b];
-      if (own >= 0) trigger = std::max(trigger, outs[own].after);
+      int prev = last_out[b];
+      if (prev >= 0) trigger = std::max(trigger, outs[prev].after);
       ins.push_back({b, trigger, j, own, k});
       pending_out[b] = -1;
       dirty[b] = 0;
@@ -234,7 +236,7 @@ struct Scan {
     const int B = g.n_bufs;
     resident.assign(B, 0); dirty.assign(B, 0); touched.assign(B, 0); initial.assign(B, 0);
     obj.assign(B, -1); last_use.assign(B, -1); cursor.assign(B, 0);
-    pending_out.assign(B, -1); stamp.assign(B, -1); ver.assign(B, 0);
+    pending_out.assign(B, -1); last_out.assign(B, -1); stamp.assign(B, -1); ver.assign(B, 0);
     removed.clear(); outs.clear(); ins.clear(); op_waits.clear();
     heap.resize(n_classes);
     fresh.resize(n_classes);
@@ -328,7 +330,8 @@ void canonical(const std::vector<int>& resident, const std::vector<OutRec>& outs
 struct SimOut {
   double step = 0, stall = 0;
   int64_t peak = 0, h2d_bytes = 0, d2h_bytes = 0;
-  int status = 0;  // 0 ok, 2 memory over the pool, 3 deadlock
+  int status = 0;  // 0 ok, 2 memory over the pool, 3 deadlock, 4 copy/read of a buffer
+                   // in the wrong place (the reference's other PlanErrors)
 };
 
 SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_classes,
@@ -342,7 +345,11 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
   for (int c = 0; c < n_classes; ++c) class_peak[c] = 0;
   int64_t used = 0, peak = 0;
   bool over = false;
+  // Where each buffer is: 0 not on the device, 1 object taken (copy in
+  // flight), 2 on the device (the reference's `arrived`).
+  std::vector<char> where(g.n_bufs, 0);
   auto take = [&](int b) {
+    where[b] = 1;
     int c = cls[b];
     if (free_n[c] == 0) { over = true; return; }
     free_n[c]--;
@@ -352,6 +359,7 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
     peak = std::max(peak, used);
   };
   auto give = [&](int b) {
+    where[b] = 0;
     int c = cls[b];
     free_n[c]++;
     in_use[c]--;
@@ -374,7 +382,7 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
   std::vector<char> op_done(n, 0), in_done(p.ins.size(), 0), out_fin(p.outs.size(), 0);
   auto out_done = [&](int j) { return p.outs[j].copy ? out_fin[j] != 0 : op_done[p.outs[j].after] != 0; };
   double t = 0.0;
-  for (int b : p.resident) take(b);
+  for (int b : p.resident) { take(b); where[b] = 2; }
   int kc = 0, hi = 0, di = 0;
   const int n_in = (int)p.ins.size(), n_d = (int)d2h_list.size();
   bool c_run = false, h_run = false, d_run = false;
@@ -389,7 +397,9 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
         for (int i = wait_ptr[kc]; ok && i < wait_ptr[kc + 1]; ++i) ok = out_done(p.op_waits[i].second);
         if (ok) {
           int o = order[kc];
-          for (int i = g.out_ptr[o]; i < g.out_ptr[o + 1]; ++i) take(g.out[i]);
+          for (int i = g.in_ptr[o]; i < g.in_ptr[o + 1]; ++i)
+            if (where[g.in[i]] != 2) { r.status = 4; return r; }
+          for (int i = g.out_ptr[o]; i < g.out_ptr[o + 1]; ++i) { take(g.out[i]); where[g.out[i]] = 2; }
           c_run = true;
           c_end = t + g.op_time[o];
           started = true;
@@ -399,6 +409,7 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
         const InRec& x = p.ins[hi];
         if ((x.trigger < 0 || op_done[x.trigger]) && (x.wait < 0 || out_done(x.wait)) &&
             (x.own < 0 || out_done(x.own))) {
+          if (where[x.buf] != 0) { r.status = 4; return r; }
           take(x.buf);
           h_run = true;
           h_rem = (double)g.buf_bytes[x.buf];
@@ -440,7 +451,7 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
       kc++;
     }
     if (h_run) {
-      if (th == te) { in_done[hi] = 1; h_run = false; hi++; }
+      if (th == te) { where[p.ins[hi].buf] = 2; in_done[hi] = 1; h_run = false; hi++; }
       else h_rem -= rh * dt;
     }
     if (d_run) {
@@ -464,7 +475,8 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
 extern "C" {
 
 // Plan and simulate one (schedule, allocation).  Returns 0 on success,
-// 1 if the allocation is infeasible, 2/3 on an internal inconsistency.
+// 1 if the allocation is infeasible, 2/3/4 if the planned program is one the
+// reference simulator rejects (a planner bug; see SimOut::status).
 // metrics: [step_time_s, ideal_time_s, stall_s]; counts_out: [peak_bytes,
 // h2d_bytes, d2h_bytes, n_outs, n_ins, n_op_waits, n_resident, passes].
 // Detail arrays may be null; if given they must hold `cap` entries
