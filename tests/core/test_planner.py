@@ -1,5 +1,7 @@
 """Swap planner properties on random DAGs (hypothesis) and plan conversions."""
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -8,6 +10,7 @@ from hypothesis import strategies as st
 from tfswap.core import genetics, native
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.plan import Plan
+from tfswap.core import planner
 from tfswap.core.planner import InfeasibleAllocation, build_program, default_allocation, plan_swaps
 from tfswap.core.program import from_plan, to_plan_swaps
 from tfswap.core.simulator import run_program, simulate
@@ -190,3 +193,53 @@ def test_a_parameter_comes_back_only_after_its_previous_copy_is_dropped():
             assert r.trigger >= max(o.out_after for o in before)
             back_again += not before[-1].copy
     assert back_again >= 2
+
+
+def choose_by_scanning(scan, c, k, incoming, swap_in):
+    """The eviction rule of the planner's docstring as a scan of every candidate:
+    the oracle for the heaps the planner (and the native library) use."""
+    cands = [b for b in range(scan.cg.n_buffers) if scan.resident[b] and scan.buf_class[b] == c
+             and scan.stamp[b] != k and not scan.pinned[b]]
+    if scan.removable:
+        fresh = [b for b in cands if scan.initial[b] and not scan.touched[b]]
+        if fresh:
+            return max(fresh, key=lambda b: (scan.next_use[b], -b)), True
+    if not cands:
+        raise InfeasibleAllocation(f"class {c} is full at position {k}")
+    in_t = float(scan.nbytes[incoming]) / scan.h2d if swap_in else 0.0
+
+    def key(b):
+        copy = (not scan.pers[b]) or scan.dirty[b]
+        out_t = float(scan.nbytes[b]) / scan.d2h if copy else 0.0
+        recent = scan.iend[scan.last_use[b]] + out_t + in_t > scan.istart[k] + scan.margin
+        return (not recent, scan.next_use[b], -scan.last_use[b], -b)
+    return max(cands, key=key), False
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), layered=st.booleans(), n_ops=st.integers(1, 60),
+       n_params=st.integers(0, 12), fraction=st.floats(0.1, 1.1),
+       kind=st.sampled_from(["tf", "random", "greedy", "mutated"]), host=st.booleans(),
+       margin=st.sampled_from([0.0, 2e-3]))
+def test_eviction_heaps_choose_what_a_full_scan_chooses(seed, layered, n_ops, n_params, fraction,
+                                                        kind, host, margin):
+    rng = np.random.default_rng(seed)
+    if layered:
+        g = layered_training_step(12 + 4 * n_ops, seed=seed)
+    else:
+        g = random_dag(rng, n_ops=n_ops, n_params=n_params)
+    cg = CompiledGraph.build(g)
+    order = some_schedule(g, cg, kind, rng)
+    budget, _ = budgets(cg, order, fraction)
+    alloc = default_allocation(cg, order, budget)
+
+    def plan():
+        try:
+            return build_program(cg, order, alloc, SPEC, recency_margin_s=margin,
+                                 params_start_on_host=host)
+        except InfeasibleAllocation:
+            return None
+    fast = plan()
+    with mock.patch.object(planner._Scan, "_choose", choose_by_scanning):
+        slow = plan()
+    assert fast == slow

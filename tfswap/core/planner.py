@@ -43,6 +43,7 @@ Example::
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Sequence
 
@@ -107,22 +108,32 @@ class _Scan:
         self.h2d, self.d2h, self.margin = spec.h2d_bytes_per_s, spec.d2h_bytes_per_s, margin
         self.istart, self.iend = ideal_times(cg, order)
         B = cg.n_buffers
+        # Python lists, not numpy arrays: the scan indexes them one element at a
+        # time, where numpy's scalar indexing costs several times more.
+        self.pers, self.kept = cg.buf_persistent.tolist(), cg.buf_kept.tolist()
+        self.pinned, self.nbytes = cg.buf_pinned.tolist(), cg.buf_bytes.tolist()
+        in_ptr, ins, writes = cg.op_in_ptr.tolist(), cg.op_in.tolist(), cg.op_in_write.tolist()
+        out_ptr, outs = cg.op_out_ptr.tolist(), cg.op_out.tolist()
+        self.reads = [ins[in_ptr[o]:in_ptr[o + 1]] for o in order]
+        self.writes = [writes[in_ptr[o]:in_ptr[o + 1]] for o in order]
+        self.allocs = [outs[out_ptr[o]:out_ptr[o + 1]] for o in order]
         self.uses = [[] for _ in range(B)]
-        for k, o in enumerate(order):
-            for b in cg.op_in[cg.op_in_ptr[o]:cg.op_in_ptr[o + 1]].tolist():
+        for k in range(self.n):
+            for b in self.reads[k]:
                 self.uses[b].append(k)
-            for b in cg.op_out[cg.op_out_ptr[o]:cg.op_out_ptr[o + 1]].tolist():
+            for b in self.allocs[k]:
                 self.uses[b].append(k)
         self.last = [u[-1] if u else -1 for u in self.uses]
 
     def run(self, start_set, removable):
-        cg, n = self.cg, self.n
+        cg = self.cg
         B = cg.n_buffers
-        pers, kept = cg.buf_persistent, cg.buf_kept
+        pers, kept = self.pers, self.kept
         self.resident = [False] * B
         self.obj = [-1] * B
         self.last_use = [-1] * B
         self.cursor = [0] * B
+        self.next_use = [u[0] if u else self.never for u in self.uses]  # after cursor
         self.dirty = [False] * B
         self.touched = [False] * B
         self.initial = [False] * B
@@ -134,7 +145,12 @@ class _Scan:
         offset = np.concatenate([[0], np.cumsum(self.counts)]).astype(int).tolist()
         self.queue = [deque(range(offset[c], offset[c + 1])) for c in range(len(self.counts))]
         self.rel = [START] * offset[-1]
-        self.members = [[] for _ in self.counts]
+        # Eviction candidates per class, as heaps of (-next use, last use, buffer,
+        # version): the top is the Belady choice.  An entry is stale once its
+        # buffer's version moves on (it was placed, used or released since).
+        self.version = [0] * B
+        self.heap = [[] for _ in self.counts]
+        self.fresh = [[] for _ in self.counts]  # initially resident, by next use only
         for b in sorted(start_set):
             c = self.buf_class[b]
             if not self.queue[c]:
@@ -142,13 +158,14 @@ class _Scan:
                     f"class {c} has {self.counts[c]} objects, too few for the parameters "
                     "that must stay on the device")
             self._place(b, self.queue[c].popleft())
+            self._push(b)
             self.initial[b] = True
             self.dirty[b] = bool(cg.buf_modified[b])
+            if not self.pinned[b]:
+                heapq.heappush(self.fresh[c], (-self.next_use[b], -1, b, self.version[b]))
         self.removable = removable
-        for k, o in enumerate(self.order):
-            a0, a1 = cg.op_in_ptr[o], cg.op_in_ptr[o + 1]
-            z0, z1 = cg.op_out_ptr[o], cg.op_out_ptr[o + 1]
-            reads, allocs = cg.op_in[a0:a1].tolist(), cg.op_out[z0:z1].tolist()
+        for k in range(self.n):
+            reads, allocs = self.reads[k], self.allocs[k]
             for b in reads:
                 self.stamp[b] = k
             for b in allocs:
@@ -158,8 +175,8 @@ class _Scan:
                     self._alloc(b, k, swap_in=True)
             for b in allocs:
                 self._alloc(b, k, swap_in=False)
-            for i, b in enumerate(reads):
-                self._use(b, k, bool(cg.op_in_write[a0 + i]))
+            for b, w in zip(reads, self.writes[k]):
+                self._use(b, k, bool(w))
             for b in allocs:
                 self._use(b, k, False)
             for b in reads + allocs:
@@ -171,24 +188,35 @@ class _Scan:
         return end_set
 
     def _place(self, b, obj):
+        # No heap entry yet: b is placed for the op at hand, whose _use pushes one.
         self.resident[b] = True
         self.obj[b] = obj
-        self.members[self.buf_class[b]].append(b)
+        self.version[b] += 1
 
     def _release(self, b):
         self.resident[b] = False
-        self.members[self.buf_class[b]].remove(b)
+        self.version[b] += 1
+
+    def _push(self, b):
+        if not self.pinned[b]:
+            heapq.heappush(self.heap[self.buf_class[b]],
+                           (-self.next_use[b], self.last_use[b], b, self.version[b]))
+
+    def _current(self, entry):
+        b = entry[2]
+        return self.resident[b] and self.version[b] == entry[3]
 
     def _use(self, b, k, writes):
         self.last_use[b] = k
         self.cursor[b] += 1
+        u = self.uses[b]
+        self.next_use[b] = u[self.cursor[b]] if self.cursor[b] < len(u) else self.never
         self.touched[b] = True
         if writes:
             self.dirty[b] = True
-
-    def _next_use(self, b):
-        u = self.uses[b]
-        return u[self.cursor[b]] if self.cursor[b] < len(u) else self.never
+        self.version[b] += 1
+        if self.pers[b] or self.kept[b] or self.last[b] != k:  # else it is freed right after
+            self._push(b)
 
     def _alloc(self, b, k, swap_in):
         c = self.buf_class[b]
@@ -213,41 +241,66 @@ class _Scan:
             self.dirty[b] = False  # a fresh copy equals the host's
         self._place(b, obj)
 
-    def _evict(self, c, k, incoming, swap_in):
-        cg = self.cg
-        cands = [b for b in self.members[c] if self.stamp[b] != k and not cg.buf_pinned[b]]
+    def _choose(self, c, k, incoming, swap_in):
+        """The buffer of class ``c`` to evict for the op at ``k``, and whether it is
+        an initially resident parameter removed from the start set instead.
+
+        Among the resident, unpinned buffers of the class that op ``k`` does not
+        use: in a removable pass, an initially resident one not used yet (the one
+        used last); else the largest (not recent, next use, -last use, -buffer).
+        The heap pops in the order of the last three, so the first entry that
+        is not recent is the choice, and the first eligible one if all are.
+        """
+        stamp = self.stamp
         if self.removable:
-            fresh = [b for b in cands if self.initial[b] and not self.touched[b]]
-            if fresh:
-                e = max(fresh, key=lambda b: (self._next_use(b), -b))
-                self._release(e)
-                self.removed.append(e)
-                return self.obj[e], -1, START
-        if not cands:
-            op = cg.graph.ops[self.order[k]]
+            f = self.fresh[c]
+            while f:
+                entry = heapq.heappop(f)
+                if self._current(entry) and stamp[entry[2]] != k:  # else used since
+                    return entry[2], True
+        in_t = float(self.nbytes[incoming]) / self.h2d if swap_in else 0.0
+        limit = self.istart[k] + self.margin
+        h, popped, best, fallback = self.heap[c], [], -1, -1
+        while h:
+            entry = heapq.heappop(h)
+            if not self._current(entry):
+                continue
+            popped.append(entry)
+            b = entry[2]
+            if stamp[b] == k:
+                continue
+            if fallback < 0:
+                fallback = b
+            copy = (not self.pers[b]) or self.dirty[b]
+            out_t = float(self.nbytes[b]) / self.d2h if copy else 0.0
+            if self.iend[self.last_use[b]] + out_t + in_t <= limit:  # not recent
+                best = b
+                break
+        for entry in popped:
+            heapq.heappush(h, entry)
+        if best < 0:
+            best = fallback
+        if best < 0:
+            op = self.cg.graph.ops[self.order[k]]
             raise InfeasibleAllocation(
                 f"op {op.name!r} needs more objects of {self.counts[c]}-object size class {c} "
                 f"than the allocation has; give that class more objects or raise the budget")
-        in_t = float(cg.buf_bytes[incoming]) / self.h2d if swap_in else 0.0
-        limit = self.istart[k] + self.margin
-        best, best_key = -1, None
-        for b in cands:
-            copy = (not cg.buf_persistent[b]) or self.dirty[b]
-            out_t = float(cg.buf_bytes[b]) / self.d2h if copy else 0.0
-            recent = self.iend[self.last_use[b]] + out_t + in_t > limit
-            key = (not recent, self._next_use(b), -self.last_use[b], -b)
-            if best_key is None or key > best_key:
-                best, best_key = b, key
-        e = best
+        return best, False
+
+    def _evict(self, c, k, incoming, swap_in):
+        e, removed = self._choose(c, k, incoming, swap_in)
         self._release(e)
+        if removed:
+            self.removed.append(e)
+            return self.obj[e], -1, START
         q = self.last_use[e]
         self.last_out[e] = len(self.outs)
-        if cg.buf_persistent[e] and not self.dirty[e]:
+        if self.pers[e] and not self.dirty[e]:
             self.outs.append(OutRec(e, q, False))
             self.pending_out[e] = -1
         else:
             self.outs.append(OutRec(e, q, True))
-            self.pending_out[e] = len(self.outs) - 1 if self._next_use(e) < self.never else -1
+            self.pending_out[e] = len(self.outs) - 1 if self.next_use[e] < self.never else -1
             self.dirty[e] = False
         return self.obj[e], len(self.outs) - 1, q
 

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,15 +118,22 @@ def to_plan_swaps(cg: CompiledGraph, prog: Program) -> tuple[tuple[Swap, ...], t
     out_before: dict[int, list[str]] = {}
     for k, j in prog.op_waits:
         out_before.setdefault(j, []).append(op_name(k))
+    # Positions after which each buffer leaves the device, ascending (outs are in
+    # stream order), so a copy's readers are found by bisection, not by a scan.
+    leaves: dict[int, list[int]] = {}
+    for o in prog.outs:
+        leaves.setdefault(o.buf, []).append(o.out_after)
     swaps = []
     for e, (kind, j, i) in enumerate(entries):
         buf = prog.outs[j].buf if j >= 0 else prog.ins[i].buf
         consumers, in_after, waits = (), "", ()
         if i >= 0:
             r = prog.ins[i]
-            nxt = [o.out_after for o in prog.outs if o.buf == buf and o.out_after >= r.need]
-            end = min(nxt) if nxt else len(order)
-            consumers = tuple(op_name(k) for k in uses[buf] if r.need <= k <= end)
+            after = leaves.get(buf, ())
+            x = bisect_left(after, r.need)
+            end = after[x] if x < len(after) else len(order)
+            u = uses[buf]
+            consumers = tuple(op_name(k) for k in u[bisect_left(u, r.need):bisect_right(u, end)])
             in_after = op_name(r.trigger) if r.trigger >= 0 else ""
             waits = tuple(ids[swap_of_out[w]] for w in r.waits)
         swaps.append(Swap(

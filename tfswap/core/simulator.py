@@ -21,8 +21,9 @@ so the first allocation gets object 0) when its op or swap-in starts, and
 gives it back when its last reader ends (non-persistent buffers), or its
 swap-out or drop is done.  At one instant, releases come before
 allocations.  The allocation events are recorded so the pool allocator can
-be replayed against them.  The ideal time (infinite memory, no swaps) comes
-from the same code with an empty plan.
+be replayed against them.  The ideal time (infinite memory, no swaps) is the
+ops' times added in schedule order, which is what this code gives for an
+empty plan.
 
 Example::
 
@@ -93,10 +94,19 @@ def run_program(cg: CompiledGraph, prog: Program, allocation: Allocation, spec: 
     """Simulate ``prog`` (the reference simulator; the native one follows it)."""
     buf_class = buffer_classes(cg, allocation).tolist()
     core = _simulate(cg, prog, buf_class, allocation, spec, events)
-    every_parameter = tuple(b for b in range(cg.n_buffers) if cg.buf_persistent[b])
-    ideal = _simulate(cg, Program(prog.order, every_parameter, (), (), ()), None, None, spec,
-                      False)
-    return SimResult(ideal_time_s=ideal["step_time_s"], **core)
+    return SimResult(ideal_time_s=ideal_time(cg, prog.order), **core)
+
+
+def ideal_time(cg: CompiledGraph, order: Sequence[int]) -> float:
+    """Step time with infinite memory and no swaps: the ops back to back.
+
+    Added left to right, as the simulator advances its clock (and the native
+    library its ideal time), so the three agree to the last bit.
+    """
+    t = 0.0
+    for o in order:
+        t = t + float(cg.op_time[o])
+    return t
 
 
 def _simulate(cg, prog, buf_class, allocation, spec, record):
@@ -104,17 +114,21 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
     n = len(order)
     times = [float(cg.op_time[o]) for o in order]
     outs, ins = prog.outs, prog.ins
-    infinite = allocation is None
-    bb = cg.buf_bytes
+    bb = cg.buf_bytes.tolist()
+    pers, kept = cg.buf_persistent.tolist(), cg.buf_kept.tolist()
+    # Each position's read and allocated buffers, as Python lists (indexed often).
+    in_ptr, op_in = cg.op_in_ptr.tolist(), cg.op_in.tolist()
+    out_ptr, op_out = cg.op_out_ptr.tolist(), cg.op_out.tolist()
+    reads = [op_in[in_ptr[o]:in_ptr[o + 1]] for o in order]
+    allocs = [op_out[out_ptr[o]:out_ptr[o + 1]] for o in order]
 
     # Memory: LIFO stacks of free object indices per class.
-    if not infinite:
-        counts = allocation.class_count
-        stack = [list(range(c - 1, -1, -1)) for c in counts]
-        in_use = [0] * len(counts)
-        peak_use = [0] * len(counts)
-        used_bytes = 0
-        peak = 0
+    counts = allocation.class_count
+    stack = [list(range(c - 1, -1, -1)) for c in counts]
+    in_use = [0] * len(counts)
+    peak_use = [0] * len(counts)
+    used_bytes = 0
+    peak = 0
     obj = {}
     arrived = {}
     alloc_events = []
@@ -122,8 +136,6 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
     def take(b, t):
         nonlocal used_bytes, peak
         arrived[b] = False
-        if infinite:
-            return
         c = buf_class[b]
         if not stack[c]:
             raise PlanError(f"{cg.buf_names[b]!r} needs an object of size class {c} at "
@@ -139,8 +151,6 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
     def give(b, t):
         nonlocal used_bytes
         arrived.pop(b)
-        if infinite:
-            return
         c = buf_class[b]
         stack[c].append(obj[b])
         in_use[c] -= 1
@@ -161,10 +171,10 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
             drops_of[o.out_after].append(j)
     d2h_list = [j for j, o in enumerate(outs) if o.copy]
     last = [-1] * cg.n_buffers
-    for k, o in enumerate(order):
-        for b in cg.op_in[cg.op_in_ptr[o]:cg.op_in_ptr[o + 1]].tolist():
+    for k in range(n):
+        for b in reads[k]:
             last[b] = k
-        for b in cg.op_out[cg.op_out_ptr[o]:cg.op_out_ptr[o + 1]].tolist():
+        for b in allocs[k]:
             last[b] = k
 
     op_done = [False] * n
@@ -191,13 +201,12 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
             started = False
             if not c_run and kc < n and all(in_done[i] for i in need_of[kc]) and all(
                     out_done(j) for j in waits_of[kc]):
-                o = order[kc]
-                for b in cg.op_in[cg.op_in_ptr[o]:cg.op_in_ptr[o + 1]].tolist():
+                for b in reads[kc]:
                     if not arrived.get(b, False):
-                        raise PlanError(f"op {cg.graph.ops[o].name!r} reads "
+                        raise PlanError(f"op {cg.graph.ops[order[kc]].name!r} reads "
                                         f"{cg.buf_names[b]!r}, which is not on the device "
                                         "(add a swap-in before it)")
-                for b in cg.op_out[cg.op_out_ptr[o]:cg.op_out_ptr[o + 1]].tolist():
+                for b in allocs[kc]:
                     take(b, t)
                     arrived[b] = True
                 c_run, c_start, c_end = True, t, t + times[kc]
@@ -235,9 +244,8 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
                 ev.append(SimEvent("compute", cg.graph.ops[o].name, c_start, te))
             op_done[kc] = True
             last_op_end = te
-            for b in (cg.op_in[cg.op_in_ptr[o]:cg.op_in_ptr[o + 1]].tolist()
-                      + cg.op_out[cg.op_out_ptr[o]:cg.op_out_ptr[o + 1]].tolist()):
-                if not cg.buf_persistent[b] and not cg.buf_kept[b] and last[b] == kc:
+            for b in reads[kc] + allocs[kc]:
+                if not pers[b] and not kept[b] and last[b] == kc:
                     give(b, te)
             for j in drops_of[kc]:
                 give(outs[j].buf, te)
@@ -274,9 +282,9 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
     for x in times:  # left to right, as the native simulator adds (not math.fsum)
         busy += x
     return dict(
-        step_time_s=t, peak_bytes=0 if infinite else peak + allocation.small_pool_bytes,
+        step_time_s=t, peak_bytes=peak + allocation.small_pool_bytes,
         h2d_bytes=h2d_bytes, d2h_bytes=d2h_bytes, stall_s=max(0.0, last_op_end - busy),
-        class_peak_objects=() if infinite else tuple(peak_use), events=tuple(ev),
+        class_peak_objects=tuple(peak_use), events=tuple(ev),
         allocation_events=tuple(alloc_events))
 
 
