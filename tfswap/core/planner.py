@@ -22,7 +22,10 @@ the last reader before the gap).  Swap-ins start as early as memory allows:
 the object they fill is the free one released earliest (a FIFO of free
 objects per class), so the trigger is the op whose end released it, or the
 start of the step; a swap-in into an evicted buffer's object waits for that
-eviction.
+eviction.  A swap-in also never starts before its own buffer's previous
+device copy is gone: after that copy's swap-out (a round trip) or after the
+op its drop follows (a parameter dropped and fetched again from its host
+home).
 
 Parameters (and optimizer state) start on the host in the first pass; the
 ones resident at its end start on the device in the second.  In the second

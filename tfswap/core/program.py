@@ -5,12 +5,13 @@ same plan on a :class:`~tfswap.core.compiled.CompiledGraph`'s numbering, in
 the canonical order both streams execute: swap-outs (device-to-host copies
 and drops) sorted by (``out_after`` position, buffer), swap-ins sorted by
 (first-reader position, buffer).  The planner builds Programs, the simulator
-runs them, and :func:`to_plan` / :func:`from_plan` convert both ways.
+runs them, and :func:`to_plan_swaps` / :func:`from_plan` convert both ways
+(in time linear in the plan's size, up to sorting).
 
 Example::
 
-    prog = from_plan(cg, plan)
-    assert from_plan(cg, to_plan(cg, prog)) == prog
+    swaps, resident = to_plan_swaps(cg, prog)
+    assert from_plan(cg, schedule_names, swaps, resident) == prog
 """
 
 from __future__ import annotations

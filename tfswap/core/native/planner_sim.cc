@@ -20,10 +20,12 @@ namespace {
 
 struct OutRec { int buf, after; bool copy; };
 // A resident buffer's eviction key at the time it was pushed; stale once the
-// buffer's version moves on.  The reference scans all residents of the class
-// for the largest (not recent, next use, -last use, -buffer); a heap ordered
-// by (next use, -last use, -buffer) gives the same choice: the first entry
-// in heap order that is not recent, or else the first eligible entry.
+// buffer's version moves on.  The rule is the largest (not recent, next use,
+// -last use, -buffer) among the class's residents; a heap ordered by (next
+// use, -last use, -buffer) gives the same choice: the first entry in heap
+// order that is not recent, or else the first eligible entry.  The reference
+// uses the same heaps (_Scan._choose); tests/core/test_planner.py checks them
+// against a scan of every candidate.
 struct Entry { long nu; int lu, b, ver; };
 struct EntryLess {
   bool operator()(const Entry& a, const Entry& b) const {
