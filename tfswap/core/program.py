@@ -122,6 +122,7 @@ def to_plan_swaps(cg: CompiledGraph, prog: Program) -> tuple[tuple[Swap, ...], t
     # Positions after which each buffer leaves the device, ascending (outs are in
     # stream order), so a copy's readers are found by bisection, not by a scan.
     leaves: dict[int, list[int]] = {}
+    nbytes = cg.buf_bytes.tolist()
     for o in prog.outs:
         leaves.setdefault(o.buf, []).append(o.out_after)
     swaps = []
@@ -138,7 +139,7 @@ def to_plan_swaps(cg: CompiledGraph, prog: Program) -> tuple[tuple[Swap, ...], t
             in_after = op_name(r.trigger) if r.trigger >= 0 else ""
             waits = tuple(ids[swap_of_out[w]] for w in r.waits)
         swaps.append(Swap(
-            tensor=cg.buf_names[buf], kind=kind, bytes=int(cg.buf_bytes[buf]), id=ids[e],
+            tensor=cg.buf_names[buf], kind=kind, bytes=nbytes[buf], id=ids[e],
             out_after=op_name(prog.outs[j].out_after) if j >= 0 else "",
             out_before=tuple(out_before.get(j, ())) if j >= 0 else (),
             in_after=in_after, consumers=consumers, in_wait_for=waits))
@@ -148,10 +149,12 @@ def to_plan_swaps(cg: CompiledGraph, prog: Program) -> tuple[tuple[Swap, ...], t
 
 def _uses_by_position(cg: CompiledGraph, prog: Program) -> list[list[int]]:
     uses: list[list[int]] = [[] for _ in range(cg.n_buffers)]
+    in_ptr, op_in = cg.op_in_ptr.tolist(), cg.op_in.tolist()
+    out_ptr, op_out = cg.op_out_ptr.tolist(), cg.op_out.tolist()
     for k, op in enumerate(prog.order):
-        for b in cg.op_in[cg.op_in_ptr[op]:cg.op_in_ptr[op + 1]]:
+        for b in op_in[in_ptr[op]:in_ptr[op + 1]]:
             uses[b].append(k)
-        for b in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]:
+        for b in op_out[out_ptr[op]:out_ptr[op + 1]]:
             uses[b].append(k)
     return uses
 
