@@ -4,10 +4,10 @@ import functools
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tfswap.core import genetics, search
+from tfswap.core import genetics, native, search
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.evaluation import Evaluator
 from tfswap.core.planner import default_allocation, plan_swaps
@@ -217,6 +217,10 @@ def test_search_on_random_graphs(seed, n_ops, fraction, mode):
     g = random_dag(np.random.default_rng(seed), n_ops=n_ops)
     cg = CompiledGraph.build(g)
     budget, _ = budgets(cg, cg.order_of(None), fraction)
+    order = cg.order_of(None)
+    # Unswappable tensors can fill a size class at this budget (then the search
+    # says so with a ValueError, tested elsewhere); compare with a feasible heuristic.
+    assume(native.evaluate(cg, order, default_allocation(cg, order, budget), SPEC).feasible)
     res = search.plan(g, budget, SPEC, compiled=cg, config=SearchConfig(
         population_size=6, crossovers_per_generation=2, max_generations=3,
         time_budget_s=None, workers=1, seed=seed, mode=mode))
