@@ -296,6 +296,17 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
                 unprofiled.append(op.name)
                 timed.append(op)
         ops = timed
+        # Tensors of no static size (a While's TensorList accumulators) take
+        # the bytes the profile saw them hold.
+        sized = []
+        for t in tensors:
+            op_name, _, slot = t.name.rpartition(":")
+            if t.nbytes == 0 and op_name in profile:
+                measured = profile.op(op_name).output_bytes
+                if int(slot) < len(measured):
+                    t = replace(t, nbytes=measured[int(slot)])
+            sized.append(t)
+        tensors = sized
     handle_of = {c.name: c.name for c in captured.captures if c.variable is not None}
     tensors = _set_aliases(ops, tensors, profile, handle_of)
     graph = DataflowGraph.build(ops, tensors)

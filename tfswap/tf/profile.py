@@ -74,37 +74,77 @@ def _output_buffers(node) -> dict[int, tuple[int, int]]:
     return out
 
 
-def _scratch_bytes(node, fresh_output_bytes: int) -> int:
-    """Bytes the kernel allocated beyond its fresh outputs while it ran."""
-    start = node.all_start_micros
-    end = start + node.all_end_rel_micros
+FUNCTIONAL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
+                            "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"})
+
+
+def _records(members) -> list[tuple[int, int]]:
+    return sorted((r.alloc_micros, r.alloc_bytes) for node in members for m in node.memory
+                  for r in m.allocation_records)
+
+
+def _span(members) -> tuple[int, int]:
+    start = min(n.all_start_micros for n in members)
+    return start, max(n.all_start_micros + n.all_end_rel_micros for n in members)
+
+
+def _scratch_and_retained(members, fresh_output_bytes: int) -> tuple[int, int]:
+    """(scratch, retained): bytes allocated beyond the fresh outputs while the
+    node (or a lowered function's nodes) ran, and bytes still held at its end."""
+    start, end = _span(members)
     live = peak = 0
-    records = sorted((r.alloc_micros, r.alloc_bytes) for m in node.memory
-                     for r in m.allocation_records if start <= r.alloc_micros <= end)
-    for _, delta in records:
+    for _, delta in (r for r in _records(members) if start <= r[0] <= end):
         live += delta
         peak = max(peak, live)
-    return max(0, peak - fresh_output_bytes)
+    return max(0, peak - fresh_output_bytes), max(0, live)
+
+
+def _owner(name: str, nodes: dict) -> str | None:
+    """The GraphDef node a traced node belongs to: itself, or the functional op
+    (While, If, function call) that TF lowered or inlined into it."""
+    if name in nodes:
+        return name
+    rest = name[len("Func/"):] if name.startswith("Func/") else name
+    while "/" in rest:
+        rest = rest.rpartition("/")[0]
+        if rest in nodes and nodes[rest].op in FUNCTIONAL_OPS:
+            return rest
+    return None
 
 
 def ops_from_step_stats(graph_def, step_stats_list) -> tuple[list[OpProfile], list[str]]:
     """Per-node profiles (median over runs) and the executed order of the last run.
 
+    A functional op that TF lowered or inlined (While into Enter/Exit/...,
+    function calls into their bodies) gets the summed time of its nodes, and
+    as scratch their peak allocation beyond its outputs; bytes its nodes still
+    hold when it ends (While's saved-for-backward accumulators, which are
+    variant tensors of no static size) are spread over its variant outputs.
     Nodes that did not run as themselves (folded to constants by the
-    session's graph optimiser, or inlined function calls) are absent.
+    session's graph optimiser) are absent.
     """
     nodes = {n.name: n for n in graph_def.node}
-    times = defaultdict(list)
-    last = {}
-    for stats in step_stats_list:
+    times = defaultdict(lambda: defaultdict(int))
+    groups = defaultdict(list)          # owner -> NodeExecStats of the last run
+    starts = {}
+    for run, stats in enumerate(step_stats_list):
+        last_run = run == len(step_stats_list) - 1
         for dev in stats.dev_stats:
             for node in dev.node_stats:
-                if node.node_name in nodes:
-                    times[node.node_name].append(_node_nanos(node)[1] * 1e-9)
-                    last[node.node_name] = node
-    buffers = {name: _output_buffers(node) for name, node in last.items()}
+                owner = _owner(node.node_name, nodes)
+                if owner is None:
+                    continue
+                start, duration = _node_nanos(node)
+                times[owner][run] += duration
+                if last_run:
+                    groups[owner].append(node)
+                    starts[owner] = min(starts.get(owner, start), start)
+    buffers = {}
+    for owner, members in groups.items():
+        own = [n for n in members if n.node_name == owner]
+        buffers[owner] = _output_buffers(own[0]) if own else {}
     profiles = []
-    for name, node in last.items():
+    for name, members in groups.items():
         nd = nodes[name]
         outs = buffers[name]
         aliases = []
@@ -116,15 +156,35 @@ def ops_from_step_stats(graph_def, step_stats_list) -> tuple[list[OpProfile], li
                     aliases.append((slot, k))
                     break
         aliased = {o for o, _ in aliases}
-        n_out = max(outs, default=-1) + 1
-        output_bytes = tuple(outs.get(s, (0, 0))[1] for s in range(n_out))
+        n_out = max(max(outs, default=-1) + 1, _declared_outputs(nd))
+        output_bytes = [outs.get(s, (0, 0))[1] for s in range(n_out)]
         fresh = sum(b for s, (_, b) in outs.items() if s not in aliased)
+        scratch, retained = _scratch_and_retained(members, fresh)
+        if len(members) > 1 or name not in {n.node_name for n in members}:
+            variant = [s for s in range(n_out) if _output_dtype(nd, s) == "variant"]
+            for s in variant:
+                output_bytes[s] = retained // len(variant)
         profiles.append(OpProfile(
-            name=name, type=nd.op, time_s=statistics.median(times[name]),
-            output_bytes=output_bytes, aliases=tuple(sorted(aliases)),
-            scratch_bytes=_scratch_bytes(node, fresh), source="trace"))
-    order = sorted((_node_nanos(n)[0], name) for name, n in last.items())
+            name=name, type=nd.op, time_s=statistics.median(times[name].values()) * 1e-9,
+            output_bytes=tuple(output_bytes), aliases=tuple(sorted(aliases)),
+            scratch_bytes=scratch, source="trace"))
+    order = sorted((start, name) for name, start in starts.items())
     return profiles, [name for _, name in order]
+
+
+def _declared_outputs(node) -> int:
+    """Outputs a functional node declares (its ``T`` / ``Tout`` list attr); 0 otherwise."""
+    for key in ("T", "Tout"):
+        if key in node.attr and node.attr[key].list.type:
+            return len(node.attr[key].list.type)
+    return 0
+
+
+def _output_dtype(node, slot: int) -> str:
+    for key in ("T", "Tout"):
+        if key in node.attr and len(node.attr[key].list.type) > slot:
+            return tf.dtypes.as_dtype(node.attr[key].list.type[slot]).name
+    return ""
 
 
 def trace(captured: CapturedFunction, inputs, runs: int = 5, warmup: int = 2,
@@ -145,4 +205,60 @@ def trace(captured: CapturedFunction, inputs, runs: int = 5, warmup: int = 2,
     peak = max(measure.transient_peak(s, device) for s in stats) + traced.variable_bytes
     return Profile(source="trace", device=device, ops=tuple(ops), executed_order=tuple(order),
                    peak_bytes=peak, runs=runs, warmup=warmup,
+                   profiling_time_s=time.perf_counter() - t0)
+
+
+def _plain_attrs(op: tf.Operation) -> dict:
+    """The op's scalar and int-list attrs as plain Python values (for the cost model)."""
+    attrs = {}
+    for key, value in op.node_def.attr.items():
+        kind = value.WhichOneof("value")
+        if kind in ("b", "i", "f"):
+            attrs[key] = getattr(value, kind)
+        elif kind == "s":
+            attrs[key] = value.s.decode("utf-8", "replace")
+        elif kind == "list" and value.list.i:
+            attrs[key] = tuple(value.list.i)
+    return attrs
+
+
+def _signature(tensors) -> list[tuple[tuple[int, ...], str]]:
+    return [(tuple(d if d is not None else 1 for d in t.shape.as_list())
+             if t.shape.rank is not None else (), t.dtype.name) for t in tensors]
+
+
+def _static_aliases(op: tf.Operation) -> tuple[tuple[int, int], ...]:
+    if op.type in VIEW_OPS:
+        return ((0, 0),)
+    if op.type == "IdentityN":
+        return tuple((k, k) for k in range(len(op.outputs)))
+    return ()
+
+
+def _output_nbytes(op: tf.Operation) -> tuple[int, ...]:
+    from tfswap.tf.ir import tensor_bytes
+
+    return tuple(tensor_bytes(t) for t in op.outputs)
+
+
+def analytic(captured: CapturedFunction, spec: str | DeviceSpec, graph_def=None) -> Profile:
+    """Times from shapes for ``spec`` (a preset name or a DeviceSpec); runs no kernel.
+
+    Every node gets the roofline time of :func:`tfswap.core.costmodel.op_cost`
+    (ops outside its explicit rules get its documented default).
+    """
+    spec = device_spec(spec)
+    t0 = time.perf_counter()
+    gd = captured.graph_def if graph_def is None else graph_def
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(gd, name="")
+    ops = []
+    for op in graph.get_operations():
+        cost = costmodel.op_cost(op.type, _plain_attrs(op), _signature(op.inputs),
+                                 _signature(op.outputs))
+        ops.append(OpProfile(name=op.name, type=op.type, time_s=costmodel.op_time_s(cost, spec),
+                             output_bytes=_output_nbytes(op), aliases=_static_aliases(op),
+                             source="analytic"))
+    return Profile(source="analytic", device=spec.name, ops=tuple(ops),
                    profiling_time_s=time.perf_counter() - t0)
