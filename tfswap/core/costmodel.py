@@ -101,6 +101,15 @@ def _base_type(op_type: str) -> str:
     return re.sub(r"Ex$", "", t) if "BatchNorm" in t else t
 
 
+def _broadcasts_to(shape: Shape, out: Shape) -> bool:
+    """True if ``shape`` broadcasts to ``out`` (numpy rules) or has as many elements."""
+    if _elements(shape) == _elements(out):
+        return True
+    if len(shape) > len(out):
+        return False
+    return all(a == 1 or a == b for a, b in zip(reversed(tuple(shape)), reversed(tuple(out))))
+
+
 def _einsum_flops(equation: str, inputs: Sequence[TensorSig]) -> float:
     lhs, _, _ = equation.replace(" ", "").partition("->")
     sizes: dict[str, int] = {}
@@ -121,13 +130,19 @@ def _einsum_flops(equation: str, inputs: Sequence[TensorSig]) -> float:
 
 
 def op_cost(op_type: str, attrs: Mapping, inputs: Sequence[TensorSig],
-            outputs: Sequence[TensorSig]) -> OpCost:
+            outputs: Sequence[TensorSig], fused_inputs: Sequence[bool] = (),
+            fused_outputs: Sequence[bool] = ()) -> OpCost:
     """FLOPs and bytes moved by one op, from its type, attrs and tensor shapes.
 
     ``attrs``: plain values (e.g. ``{"transpose_a": True}``, ``{"equation":
     "bij,bjk->bik"}``).  ``inputs`` / ``outputs``: ``(shape, dtype)`` pairs.
+    ``fused_inputs`` / ``fused_outputs``: per tensor, True where a fusing
+    compiler keeps it in registers (see :func:`fusible_edge`): its bytes are
+    not moved.
     """
-    moved = float(sum(_nbytes(s) for s in inputs) + sum(_nbytes(s) for s in outputs))
+    moved = float(
+        sum(_nbytes(s) for k, s in enumerate(inputs) if not _flag(fused_inputs, k))
+        + sum(_nbytes(s) for k, s in enumerate(outputs) if not _flag(fused_outputs, k)))
     out_elems = float(sum(_elements(s[0]) for s in outputs))
     if op_type in FREE_OPS:
         return OpCost(0.0, 0.0, "free")
@@ -171,10 +186,22 @@ def op_cost(op_type: str, attrs: Mapping, inputs: Sequence[TensorSig],
                       3.0 * value, "variable_update")
     if base in TRANSCENDENTAL:
         return OpCost(4.0 * out_elems, moved, "elementwise")
-    if outputs and all(tuple(s[0]) == tuple(outputs[0][0]) or _elements(s[0]) <= 1
-                       or _elements(s[0]) == _elements(outputs[0][0]) for s in inputs):
+    if base == "BiasAdd" or (outputs and all(
+            _broadcasts_to(s[0], outputs[0][0]) for s in inputs)):
         return OpCost(out_elems, moved, "elementwise")
     return OpCost(out_elems, moved, "default")
+
+
+def _flag(flags: Sequence[bool], k: int) -> bool:
+    return k < len(flags) and bool(flags[k])
+
+
+def fusible_edge(producer_rule: str, consumer_rules: Sequence[str]) -> bool:
+    """True if a loop-fusing compiler (XLA, cuDNN's fused batch norm) would keep a
+    tensor out of memory: an elementwise result read only by elementwise ops or
+    reductions."""
+    return producer_rule == "elementwise" and bool(consumer_rules) and all(
+        r in ("elementwise", "reduction") for r in consumer_rules)
 
 
 def op_time_s(cost: OpCost, spec: DeviceSpec) -> float:

@@ -241,11 +241,16 @@ def _output_nbytes(op: tf.Operation) -> tuple[int, ...]:
     return tuple(tensor_bytes(t) for t in op.outputs)
 
 
-def analytic(captured: CapturedFunction, spec: str | DeviceSpec, graph_def=None) -> Profile:
+def analytic(captured: CapturedFunction, spec: str | DeviceSpec, graph_def=None,
+             fusion: bool = False) -> Profile:
     """Times from shapes for ``spec`` (a preset name or a DeviceSpec); runs no kernel.
 
     Every node gets the roofline time of :func:`tfswap.core.costmodel.op_cost`
-    (ops outside its explicit rules get its documented default).
+    (ops outside its explicit rules get its documented default).  ``fusion``:
+    price the step as a loop-fusing compiler (XLA) would run it, with
+    elementwise chains keeping their intermediates out of memory
+    (:func:`tfswap.core.costmodel.fusible_edge`); off by default, because
+    TensorFlow without XLA runs every op as its own kernel.
     """
     spec = device_spec(spec)
     t0 = time.perf_counter()
@@ -253,12 +258,252 @@ def analytic(captured: CapturedFunction, spec: str | DeviceSpec, graph_def=None)
     graph = tf.Graph()
     with graph.as_default():
         tf.graph_util.import_graph_def(gd, name="")
+    operations = graph.get_operations()
+    signatures = {op.name: (_plain_attrs(op), _signature(op.inputs), _signature(op.outputs))
+                  for op in operations}
+    rules = {op.name: costmodel.op_cost(op.type, *signatures[op.name]).rule for op in operations}
+
+    def fused(tensor) -> bool:
+        return fusion and costmodel.fusible_edge(
+            rules[tensor.op.name], [rules[c.name] for c in tensor.consumers()])
+
     ops = []
-    for op in graph.get_operations():
-        cost = costmodel.op_cost(op.type, _plain_attrs(op), _signature(op.inputs),
-                                 _signature(op.outputs))
+    for op in operations:
+        attrs, ins, outs = signatures[op.name]
+        cost = costmodel.op_cost(op.type, attrs, ins, outs,
+                                 fused_inputs=[fused(t) for t in op.inputs],
+                                 fused_outputs=[fused(t) for t in op.outputs])
         ops.append(OpProfile(name=op.name, type=op.type, time_s=costmodel.op_time_s(cost, spec),
                              output_bytes=_output_nbytes(op), aliases=_static_aliases(op),
                              source="analytic"))
     return Profile(source="analytic", device=spec.name, ops=tuple(ops),
                    profiling_time_s=time.perf_counter() - t0)
+
+
+_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+_STATIC_VALUE_BYTES = 1024   # small known inputs (shapes, axes, scalars) are fed as constants
+
+
+class _Unisolable(Exception):
+    """An op whose inputs cannot be synthesised alone (variants, foreign resources)."""
+
+
+def _static_value(tensor: tf.Tensor):
+    """The value of a small tensor known before running (constants, shapes of
+    static-shaped tensors and arithmetic on them); None if unknown."""
+    op = tensor.op
+    if op.type in ("Shape", "ShapeN", "Size", "Rank"):
+        source = op.inputs[tensor.value_index if op.type == "ShapeN" else 0]
+        if source.shape.is_fully_defined():
+            dims = source.shape.as_list()
+            value = {"Shape": dims, "ShapeN": dims, "Size": int(np.prod(dims, dtype=np.int64)),
+                     "Rank": len(dims)}[op.type]
+            return np.asarray(value, dtype=tensor.dtype.as_numpy_dtype)
+    try:
+        return tf.get_static_value(tensor)
+    except (TypeError, ValueError, NotImplementedError):
+        return None
+
+
+def _const_node(name: str, value: np.ndarray, device: str):
+    return tf.compat.v1.NodeDef(
+        name=name, op="Const", device=device,
+        attr={"dtype": attr_value_pb2.AttrValue(type=tf.as_dtype(value.dtype).as_datatype_enum),
+              "value": attr_value_pb2.AttrValue(tensor=tf.make_tensor_proto(value))})
+
+
+def _input_nodes(prefix: str, tensor: tf.Tensor, variables: dict, device: str) -> list:
+    """NodeDefs producing a stand-in for ``tensor``, the last one named ``prefix``."""
+    dtype = tensor.dtype
+    if dtype == tf.resource:
+        var = variables.get(tensor.name)
+        if var is None:
+            raise _Unisolable(f"resource input {tensor.name} is not a captured variable")
+        handle = tf.compat.v1.NodeDef(name=prefix, op="VarHandleOp", device=device, attr={
+            "dtype": attr_value_pb2.AttrValue(type=var.dtype.as_datatype_enum),
+            "shape": attr_value_pb2.AttrValue(shape=var.shape.as_proto()),
+            "shared_name": attr_value_pb2.AttrValue(s=prefix.encode()),
+            "container": attr_value_pb2.AttrValue(s=b""),
+            "allowed_devices": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue())})
+        return [handle]
+    if dtype in (tf.variant, tf.string) or not tensor.shape.is_fully_defined():
+        raise _Unisolable(f"input {tensor.name} ({dtype.name}) cannot be synthesised")
+    shape = tensor.shape.as_list()
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.size
+    value = _static_value(tensor) if nbytes <= _STATIC_VALUE_BYTES else None
+    if value is not None:
+        return [_const_node(prefix, np.asarray(value, dtype=dtype.as_numpy_dtype), device)]
+    shape_node = _const_node(prefix + "/shape", np.asarray(shape, dtype=np.int64), device)
+    if dtype.name in _FLOATS:
+        gen = tf.compat.v1.NodeDef(name=prefix, op="RandomUniform", device=device,
+                                   input=[shape_node.name], attr={
+            "dtype": attr_value_pb2.AttrValue(type=dtype.as_datatype_enum),
+            "T": attr_value_pb2.AttrValue(type=tf.int64.as_datatype_enum),
+            "seed": attr_value_pb2.AttrValue(i=0), "seed2": attr_value_pb2.AttrValue(i=0)})
+        return [shape_node, gen]
+    # Integers and booleans of unknown value (labels, indices): zeros are valid
+    # indices for every gather, segment and label op.
+    zero = _const_node(prefix + "/zero", np.zeros((), dtype=dtype.as_numpy_dtype), device)
+    fill = tf.compat.v1.NodeDef(name=prefix, op="Fill", device=device,
+                                input=[shape_node.name, zero.name], attr={
+        "T": attr_value_pb2.AttrValue(type=dtype.as_datatype_enum),
+        "index_type": attr_value_pb2.AttrValue(type=tf.int64.as_datatype_enum)})
+    return [shape_node, zero, fill]
+
+
+def _signature_key(op: tf.Operation) -> tuple:
+    attrs = tuple(sorted((k, v.SerializeToString(deterministic=True))
+                         for k, v in op.node_def.attr.items() if not k.startswith("_")))
+    inputs = []
+    for t in op.inputs:
+        shape = tuple(t.shape.as_list()) if t.shape.rank is not None else None
+        small = t.shape.is_fully_defined() and t.dtype not in (tf.resource, tf.variant, tf.string) \
+            and int(np.prod(t.shape.as_list(), dtype=np.int64)) * t.dtype.size <= _STATIC_VALUE_BYTES
+        value = _static_value(t) if small else None
+        inputs.append((t.dtype.name, shape, None if value is None else np.asarray(value).tobytes()))
+    return op.type, attrs, tuple(inputs)
+
+
+def isolated(captured: CapturedFunction, runs: int = 3, warmup: int = 1, device: str = DEVICE,
+             graph_def=None, batch_bytes: int = 256 << 20, fallback: str | DeviceSpec = "cpu-emulated"
+             ) -> Profile:
+    """Time each distinct op signature alone on ``device``, fed from random tensors.
+
+    Signature: op type, attrs, input dtypes and shapes, and the values of
+    small inputs (shapes, axes).  Float inputs are uniform random, integer
+    inputs of unknown value zeros, variable handles fresh variables of the
+    captured variable's shape.  Signatures are run ``batch_bytes`` of inputs
+    and outputs at a time (so the step itself never has to fit), one op at a
+    time, ``warmup`` untimed then ``runs`` traced runs; each op's time is the
+    median kernel time.  Ops that launch no kernel, and ops that cannot run
+    alone (variant inputs such as TensorLists) or fail, get the analytic time
+    for ``fallback`` and say so (``source="analytic"``).
+    """
+    if runs < 1 or warmup < 0 or batch_bytes <= 0:
+        raise ValueError(f"isolated needs runs >= 1, warmup >= 0, batch_bytes > 0; got "
+                         f"{runs}, {warmup}, {batch_bytes}")
+    from tensorflow.core.protobuf import config_pb2
+
+    spec = device_spec(fallback)
+    t0 = time.perf_counter()
+    gd = captured.graph_def if graph_def is None else graph_def
+    src = tf.Graph()
+    with src.as_default():
+        tf.graph_util.import_graph_def(gd, name="")
+    variables = {c.name: c.variable for c in captured.captures if c.variable is not None}
+    operations = src.get_operations()
+    analytic_ops = {p.name: p for p in analytic(captured, spec, graph_def=gd).ops}
+
+    groups: dict[tuple, list[tf.Operation]] = {}
+    for op in operations:
+        if op.type in costmodel.FREE_OPS or op.type == "Placeholder":
+            continue
+        groups.setdefault(_signature_key(op), []).append(op)
+
+    iso = tf.Graph()
+    targets = {}           # signature index -> (iso node name, bytes, variable inits)
+    with iso.as_default():
+        tf.graph_util.import_graph_def(graph_pb2.GraphDef(library=gd.library), name="")
+    for k, members in enumerate(groups.values()):
+        op = members[0]
+        mini = graph_pb2.GraphDef()
+        name = f"tfswap_iso/{k}"
+        try:
+            inputs = []
+            for j, t in enumerate(op.inputs):
+                nodes = _input_nodes(f"{name}/in{j}", t, variables, device)
+                mini.node.extend(nodes)
+                inputs.append(nodes[-1].name)
+            node = mini.node.add()
+            node.CopyFrom(op.node_def)
+            node.name, node.device = name, device
+            del node.input[:]
+            node.input.extend(inputs)
+            with iso.as_default():
+                tf.graph_util.import_graph_def(mini, name="")
+        except (_Unisolable, ValueError, TypeError, tf.errors.OpError):
+            continue
+        with iso.as_default(), tf.device(device):
+            inits = []
+            for j, t in enumerate(op.inputs):
+                if t.dtype == tf.resource:
+                    var = variables[t.name]
+                    handle = iso.get_tensor_by_name(f"{name}/in{j}:0")
+                    value = tf.random.uniform(var.shape, dtype=var.dtype) \
+                        if var.dtype.name in _FLOATS else tf.zeros(var.shape, var.dtype)
+                    inits.append(tf.raw_ops.AssignVariableOp(resource=handle, value=value))
+        nbytes = sum(_tensor_nbytes(t) for t in list(op.inputs) + list(op.outputs))
+        targets[k] = (name, nbytes, inits)
+
+    cfg = config_pb2.ConfigProto()
+    cfg.CopyFrom(grappler_config())
+    cfg.device_count["CPU"] = 2
+    cfg.inter_op_parallelism_threads = 1
+    cfg.use_per_session_threads = True
+    # Nothing may be folded away before it runs: every node is a stand-in.
+    cfg.graph_options.optimizer_options.opt_level = config_pb2.OptimizerOptions.L0
+    cfg.graph_options.optimizer_options.do_constant_folding = False
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    measured: dict[int, tuple[float, int]] = {}
+
+    def run_batch(sess, batch: list[int]) -> None:
+        ops = [iso.get_operation_by_name(targets[k][0]) for k in batch]
+        name_to_k = {targets[k][0]: k for k in batch}
+        inits = [i for k in batch for i in targets[k][2]]
+        if inits:
+            sess.run(inits)
+        for _ in range(warmup):
+            sess.run(ops)
+        samples = defaultdict(list)
+        nodes = {}
+        for _ in range(runs):
+            md = tf.compat.v1.RunMetadata()
+            sess.run(ops, options=options, run_metadata=md)
+            for dev in md.step_stats.dev_stats:
+                for node in dev.node_stats:
+                    if node.node_name in name_to_k:
+                        samples[node.node_name].append(_node_nanos(node)[1] * 1e-9)
+                        nodes[node.node_name] = node
+        for node_name, times_s in samples.items():
+            node = nodes[node_name]
+            fresh = sum(b for _, b in _output_buffers(node).values())
+            scratch, _ = _scratch_and_retained([node], fresh)
+            measured[name_to_k[node_name]] = (statistics.median(times_s), scratch)
+
+    batches, current, used = [], [], 0
+    for k, (_, nbytes, _) in targets.items():
+        if current and used + nbytes > batch_bytes:
+            batches.append(current)
+            current, used = [], 0
+        current.append(k)
+        used += nbytes
+    if current:
+        batches.append(current)
+    with tf.compat.v1.Session(graph=iso, config=cfg) as sess:
+        for batch in batches:
+            try:
+                run_batch(sess, batch)
+            except tf.errors.OpError:
+                for k in batch:           # find the op that fails alone; keep the rest
+                    try:
+                        run_batch(sess, [k])
+                    except tf.errors.OpError:
+                        pass
+
+    profiles = {}
+    for k, members in enumerate(groups.values()):
+        for op in members:
+            if k in measured:
+                time_s, scratch = measured[k]
+                profiles[op.name] = OpProfile(
+                    name=op.name, type=op.type, time_s=time_s, output_bytes=_output_nbytes(op),
+                    aliases=_static_aliases(op), scratch_bytes=scratch, source="isolated")
+    ops = tuple(profiles.get(op.name, analytic_ops[op.name]) for op in operations)
+    return Profile(source="isolated", device=device, ops=ops, runs=runs, warmup=warmup,
+                   profiling_time_s=time.perf_counter() - t0)
+
+
+def _tensor_nbytes(t: tf.Tensor) -> int:
+    if t.dtype in (tf.resource, tf.variant, tf.string) or not t.shape.is_fully_defined():
+        return 0
+    return int(np.prod(t.shape.as_list(), dtype=np.int64)) * t.dtype.size
