@@ -15,8 +15,8 @@ the ops that write variables (``writers``):
   moments, the iteration count, the learning-rate variable, and also
   batch-norm moving statistics, which like optimizer state are read only to
   be updated).
-* **update**: the writers, and the ops between an optimizer-state value
-  and a writer (the arithmetic of the update rule).
+* **update**: the writers, and the ops from an optimizer-state read to a
+  writer (the reads and the arithmetic of the update rule).
 * **backward**: every other op that a writer depends on and that depends
   on a forward op (the gradient computation).
 * Everything else (constant arithmetic, metrics off the loss path) keeps
