@@ -312,7 +312,11 @@ def _const_node(name: str, value: np.ndarray, device: str):
               "value": attr_value_pb2.AttrValue(tensor=tf.make_tensor_proto(value))})
 
 
-def _input_nodes(prefix: str, tensor: tf.Tensor, variables: dict, device: str) -> list:
+_DIVISIONS = frozenset({"FloorDiv", "FloorMod", "Div", "TruncateDiv", "TruncateMod", "Mod"})
+
+
+def _input_nodes(prefix: str, tensor: tf.Tensor, variables: dict, device: str,
+                 consumer_type: str = "") -> list:
     """NodeDefs producing a stand-in for ``tensor``, the last one named ``prefix``."""
     dtype = tensor.dtype
     if dtype == tf.resource:
@@ -342,8 +346,10 @@ def _input_nodes(prefix: str, tensor: tf.Tensor, variables: dict, device: str) -
             "seed": attr_value_pb2.AttrValue(i=0), "seed2": attr_value_pb2.AttrValue(i=0)})
         return [shape_node, gen]
     # Integers and booleans of unknown value (labels, indices): zeros are valid
-    # indices for every gather, segment and label op.
-    zero = _const_node(prefix + "/zero", np.zeros((), dtype=dtype.as_numpy_dtype), device)
+    # indices for every gather, segment and label op; divisors get ones.
+    fill_value = 1 if consumer_type in _DIVISIONS and dtype.is_integer else 0
+    zero = _const_node(prefix + "/zero", np.asarray(fill_value, dtype=dtype.as_numpy_dtype),
+                       device)
     fill = tf.compat.v1.NodeDef(name=prefix, op="Fill", device=device,
                                 input=[shape_node.name, zero.name], attr={
         "T": attr_value_pb2.AttrValue(type=dtype.as_datatype_enum),
@@ -411,7 +417,7 @@ def isolated(captured: CapturedFunction, runs: int = 3, warmup: int = 1, device:
         try:
             inputs = []
             for j, t in enumerate(op.inputs):
-                nodes = _input_nodes(f"{name}/in{j}", t, variables, device)
+                nodes = _input_nodes(f"{name}/in{j}", t, variables, device, op.type)
                 mini.node.extend(nodes)
                 inputs.append(nodes[-1].name)
             node = mini.node.add()
