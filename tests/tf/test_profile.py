@@ -71,6 +71,9 @@ def test_analytic_covers_every_node(cnn):
     assert not low.unprofiled
     conv = next(op for op in low.graph.ops if op.type == "Conv2D")
     assert conv.time_s > 0
+    # without a trace, single-reader elementwise ops forward their input's buffer
+    assert any(t.alias_of for t in low.graph.tensors
+               if low.graph.ops[t.producer].type in ir.FORWARDING_OPS)
 
 
 def test_analytic_v100_resnet50_batch64_is_in_the_published_range():

@@ -51,8 +51,9 @@ from tfswap.tf.capture import CapturedFunction
 
 _UNSWAPPABLE = (tf.resource, tf.variant, tf.string)
 
+# Ops that return (a view of) their first input without touching the data.
 VIEW_OPS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
-                      "PreventGradient", "EnsureShape", "CheckNumerics", "Snapshot"})
+                      "PreventGradient", "EnsureShape", "CheckNumerics", "Bitcast"})
 ALWAYS_FOLD = frozenset({"Shape", "ShapeN", "Size", "Rank", "VariableShape",
                          "BroadcastGradientArgs", "NoOp"})
 # Ops that read a variable without writing it; any other op taking a
@@ -60,6 +61,14 @@ ALWAYS_FOLD = frozenset({"Shape", "ShapeN", "Size", "Rank", "VariableShape",
 VARIABLE_READERS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd",
                               "VariableShape", "VarIsInitializedOp"})
 DEFAULT_FOLD_BYTES = 1024
+# Kernels that write into an input's buffer when they hold its only reference
+# (TF's forward_input_or_allocate_output): unary and binary elementwise ops.
+FORWARDING_OPS = frozenset({
+    "Relu", "Relu6", "Elu", "Selu", "Sigmoid", "Tanh", "Exp", "Log", "Neg", "Abs", "Square",
+    "Sqrt", "Rsqrt", "Reciprocal", "Softplus", "Erf", "Cast", "AddV2", "Add", "Sub", "Mul",
+    "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum", "SquaredDifference", "Pow",
+    "BiasAdd", "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "SigmoidGrad", "TanhGrad",
+    "RsqrtGrad", "SqrtGrad", "LeakyRelu", "LeakyReluGrad", "Gelu", "GeluGrad", "AddN"})
 
 
 def tensor_bytes(tensor: tf.Tensor) -> int:
@@ -125,8 +134,10 @@ class LoweredGraph:
     ``fetches``: tensors live to the end of the step.  ``resident``: tensors
     holding variable values (on the device for the whole step).
     ``variable_bytes``: bytes of all captured variables.  ``unprofiled``: IR
-    ops the profile had no figures for (time 0: e.g. folded to constants by
-    TF before running).
+    ops the profile had no figures for, so time 0: the feeds, nodes TF folded
+    to constants before running, and nodes its oneDNN rewrite merged into a
+    neighbour (Conv2D + BiasAdd run as one kernel under the BiasAdd's name,
+    which then carries the time of both).
     """
 
     graph: DataflowGraph
@@ -161,12 +172,44 @@ class LoweredGraph:
             - read_bytes + self.variable_bytes
 
 
+def _static_forward(op: Op, tensors: dict, readers: dict, keep: set,
+                    not_owned: set) -> tuple[tuple[int, int], ...]:
+    """The static forwarding rule, for profiles that did not watch TF run.
+
+    TF lets an elementwise kernel write into an input's buffer when nothing
+    else holds that buffer: here, when this op is the input's only reader,
+    the input is not a fetch, has the output's shape and dtype, and its
+    buffer is produced by the step (not a variable read, constant or feed).
+    An input with several readers may be forwarded by whichever runs last;
+    that depends on the schedule, so it is left unaliased (the model then
+    overestimates, never underestimates).
+    """
+    out = tensors.get(f"{op.name}:0")
+    if out is None or out.nbytes == 0:
+        return ()
+    for k, name in enumerate(op.inputs):
+        t = tensors[name]
+        if (t.shape == out.shape and t.dtype == out.dtype and readers.get(name) == 1
+                and name not in keep and name.rpartition(":")[0] not in not_owned):
+            return ((0, k),)
+    return ()
+
+
 def _set_aliases(ops: list[Op], tensors: list[Tensor], profile: Profile | None,
-                 handle_of: dict[str, str]) -> list[Tensor]:
+                 handle_of: dict[str, str], keep: Sequence[str] = ()) -> list[Tensor]:
     """Give every tensor sharing another's buffer ``alias_of`` = the buffer's owner."""
     index = {t.name: k for k, t in enumerate(tensors)}
     alias = {}
     use_trace = profile is not None and profile.source == "trace"
+    by_name = {t.name: t for t in tensors}
+    readers: dict[str, int] = {}
+    for op in ops:
+        for name in set(op.inputs):
+            readers[name] = readers.get(name, 0) + 1
+    producer_type = {op.name: op.type for op in ops}
+    not_owned = {n for n, t in producer_type.items()
+                 if t in ("ReadVariableOp", "Const", "Placeholder", "HostConst")}
+    kept = set(keep)
     first_read = {}
     for op in ops:
         if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in handle_of:
@@ -184,6 +227,8 @@ def _set_aliases(ops: list[Op], tensors: list[Tensor], profile: Profile | None,
             pairs = ((0, 0),)
         elif op.type == "IdentityN":
             pairs = tuple((k, k) for k in range(len(op.inputs)))
+        elif not use_trace and op.type in FORWARDING_OPS:
+            pairs = _static_forward(op, by_name, readers, kept, not_owned)
         for out_slot, in_slot in pairs:
             out = f"{op.name}:{out_slot}"
             if out in index and in_slot < len(op.inputs):
@@ -308,7 +353,7 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
             sized.append(t)
         tensors = sized
     handle_of = {c.name: c.name for c in captured.captures if c.variable is not None}
-    tensors = _set_aliases(ops, tensors, profile, handle_of)
+    tensors = _set_aliases(ops, tensors, profile, handle_of, keep=captured.fetches)
     graph = DataflowGraph.build(ops, tensors)
 
     variables = [f"{op.name}:0" for op in ops

@@ -41,11 +41,9 @@ from tfswap.core.profile import OpProfile, Profile
 from tfswap.tf import measure
 from tfswap.tf.capture import CapturedFunction
 from tfswap.tf.emulate import DEVICE
+from tfswap.tf.ir import VIEW_OPS, tensor_bytes
 from tfswap.tf.runtime import grappler_config
 
-# Ops that return (a view of) their first input without touching the data.
-VIEW_OPS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
-                      "PreventGradient", "EnsureShape", "CheckNumerics", "Bitcast"})
 
 
 def _split_input(name: str) -> tuple[str, int] | None:
@@ -236,8 +234,6 @@ def _static_aliases(op: tf.Operation) -> tuple[tuple[int, int], ...]:
 
 
 def _output_nbytes(op: tf.Operation) -> tuple[int, ...]:
-    from tfswap.tf.ir import tensor_bytes
-
     return tuple(tensor_bytes(t) for t in op.outputs)
 
 
@@ -438,7 +434,7 @@ def isolated(captured: CapturedFunction, runs: int = 3, warmup: int = 1, device:
                     value = tf.random.uniform(var.shape, dtype=var.dtype) \
                         if var.dtype.name in _FLOATS else tf.zeros(var.shape, var.dtype)
                     inits.append(tf.raw_ops.AssignVariableOp(resource=handle, value=value))
-        nbytes = sum(_tensor_nbytes(t) for t in list(op.inputs) + list(op.outputs))
+        nbytes = sum(tensor_bytes(t) for t in list(op.inputs) + list(op.outputs))
         targets[k] = (name, nbytes, inits)
 
     cfg = config_pb2.ConfigProto()
@@ -508,8 +504,3 @@ def isolated(captured: CapturedFunction, runs: int = 3, warmup: int = 1, device:
     return Profile(source="isolated", device=device, ops=ops, runs=runs, warmup=warmup,
                    profiling_time_s=time.perf_counter() - t0)
 
-
-def _tensor_nbytes(t: tf.Tensor) -> int:
-    if t.dtype in (tf.resource, tf.variant, tf.string) or not t.shape.is_fully_defined():
-        return 0
-    return int(np.prod(t.shape.as_list(), dtype=np.int64)) * t.dtype.size
