@@ -47,3 +47,17 @@ def test_alias_chains_resolve_to_the_owner():
     g = DataflowGraph.build(ops, tensors)
     assert liveness.buffer_root(g, "r2:0") == "a:0"
     assert liveness.peak(g, ["a", "r1", "r2"]) == MB
+
+
+def test_in_place_update_copies_only_while_an_earlier_read_is_still_used():
+    """w is read (r1), updated in place (upd), read again (r2); f uses r1 late."""
+    ops = [Op("r1", "ReadVariableOp"), Op("upd", "AssignSub"), Op("r2", "ReadVariableOp"),
+           Op("f", "MatMul", ("r1:0", "r2:0"))]
+    tensors = [Tensor("r1:0", MB), Tensor("r2:0", MB, alias_of="r1:0"), Tensor("f:0", MB)]
+    g = DataflowGraph.build(ops, tensors)
+    # r1's value is still read by f after the update: TF copies the variable first
+    assert liveness.variable_copies(g, ["r1", "upd", "r2", "f"], {"upd": "r1:0"}) == [(1, MB)]
+    # reads before the update are all done: updated in place, no copy
+    ops2 = ops[:1] + [Op("g", "Relu", ("r1:0",))] + ops[1:3]
+    g2 = DataflowGraph.build(ops2, tensors[:2] + [Tensor("g:0", MB)])
+    assert liveness.variable_copies(g2, ["r1", "g", "upd", "r2"], {"upd": "r1:0"}) == []

@@ -22,7 +22,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -114,6 +114,32 @@ def live_bytes(graph: DataflowGraph, schedule: Sequence[str],
         original_end = n - 1 if is_kept else max(original_readers + out_pos + [start])
         occupy(start, original_end, nbytes)
     return np.cumsum(delta[:n])
+
+
+def variable_copies(graph: DataflowGraph, schedule: Sequence[str],
+                    updates: Mapping[str, str]) -> list[tuple[int, int]]:
+    """``(step, bytes)`` of the copy each in-place variable update makes.
+
+    ``updates``: op name -> a tensor holding the value of the variable it
+    updates in place.  TF updates a variable in place only when nothing else
+    holds its buffer; while a read of the current value is still to be used,
+    the update first copies the variable (copy-on-write), and the copy becomes
+    the variable.  So an update scheduled before the last reader of a value
+    read before it allocates the variable's bytes again, held to the end of
+    the step.
+    """
+    pos = _positions(graph, schedule)
+    groups = buffers(graph)
+    copies = []
+    for op_name, value in updates.items():
+        root = buffer_root(graph, value)
+        at = int(pos[graph.op_id(op_name)])
+        # Reads made after the update see the new value; only earlier ones pin the old.
+        last = max((pos[c] for m in groups[root] if pos[graph.tensors[m].producer] < at
+                    for c in graph.tensors[m].consumers), default=-1)
+        if last > at:
+            copies.append((at, graph.tensor(root).nbytes))
+    return copies
 
 
 def peak(graph: DataflowGraph, schedule: Sequence[str], swaps: Sequence[Swap] = (),

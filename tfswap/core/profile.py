@@ -77,9 +77,10 @@ class Profile:
     """Per-node costs of one step on one device.
 
     ``device``: the DeviceSpec name (analytic) or the device string the step
-    ran on.  ``executed_order``: node names in the order they started (trace
+    ran on.  ``executed_order``: node names in the order they started in the
+    last traced run (trace
     profiles only; empty otherwise).  ``peak_bytes``: the measured device peak
-    of the step (trace only; 0 when not measured).  ``profiling_time_s``: wall
+    of that same run (trace only; 0 when not measured).  ``profiling_time_s``: wall
     time the profiler took.  ``runs`` / ``warmup``: traced runs whose median
     gives the times, and untimed runs before them.
     """

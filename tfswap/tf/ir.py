@@ -38,7 +38,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import tensorflow as tf
@@ -132,7 +132,10 @@ class LoweredGraph:
     ``node_map``: needed GraphDef node -> IR op (itself, or the op it was
     folded into).  ``pruned``: GraphDef nodes that nothing needs.
     ``fetches``: tensors live to the end of the step.  ``resident``: tensors
-    holding variable values (on the device for the whole step).
+    holding variable values (on the device for the whole step).  ``updates``:
+    ops updating a variable in place (AssignAdd/Sub, ResourceApply*) -> a
+    tensor holding that variable's value.  ``assigned``: tensors that an
+    AssignVariableOp makes a variable's new value (held to the step's end).
     ``variable_bytes``: bytes of all captured variables.  ``unprofiled``: IR
     ops the profile had no figures for, so time 0: the feeds, nodes TF folded
     to constants before running, and nodes its oneDNN rewrite merged into a
@@ -148,6 +151,8 @@ class LoweredGraph:
     variable_bytes: int
     unprofiled: tuple[str, ...]
     profile: Profile | None = None
+    updates: dict = field(default_factory=dict)   # in-place variable update -> its variable's value
+    assigned: tuple[str, ...] = ()                 # tensors AssignVariableOp makes a variable
 
     @property
     def folded(self) -> dict:
@@ -164,12 +169,17 @@ class LoweredGraph:
     def predicted_peak(self, schedule: Sequence[str] | None = None) -> int:
         """Device bytes at the peak of the unmodified step run in ``schedule``:
         buffers live from producer to last reader (aliases once, scratch while
-        its op runs), fetches to the end, plus every variable."""
+        its op runs), fetches and values assigned to variables to the end,
+        every variable, and the copies in-place updates make of variables
+        that are still being read (:func:`tfswap.core.liveness.variable_copies`)."""
         schedule = self.schedule() if schedule is None else schedule
         read = {liveness.buffer_root(self.graph, t) for t in self.resident}
         read_bytes = sum(self.graph.tensor(t).nbytes for t in read)
-        return liveness.peak(self.graph, schedule, keep=self.fetches, resident=self.resident) \
-            - read_bytes + self.variable_bytes
+        curve = liveness.live_bytes(self.graph, schedule, keep=self.fetches + self.assigned,
+                                    resident=self.resident)
+        for at, nbytes in liveness.variable_copies(self.graph, schedule, self.updates):
+            curve[at:] += nbytes
+        return int(curve.max()) - read_bytes + self.variable_bytes if len(curve) else 0
 
 
 def _static_forward(op: Op, tensors: dict, readers: dict, keep: set,
@@ -364,6 +374,19 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
         graph = kinds_mod.classify(
             graph, loss=captured.fetches, inputs=captured.feeds, variables=variables,
             writers=writers, small_bytes=small_bytes)
+    first_read = {}
+    for op in ops:
+        if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in handle_of:
+            first_read.setdefault(op.inputs[0], f"{op.name}:0")
+    updates, assigned = {}, []
+    for op in ops:
+        handles = [t for t in op.inputs if t in handle_of]
+        if op.name not in writers or not handles:
+            continue
+        if op.type == "AssignVariableOp":
+            assigned.extend(t for t in op.inputs[1:] if t not in handle_of)
+        elif handles[0] in first_read:
+            updates[op.name] = first_read[handles[0]]
     keep_ops = {f.rpartition(":")[0] for f in captured.fetches} | set(captured.control_outputs)
     if reduce:
         graph, node_map = _reduce(graph, tf_graph, keep_ops, fold_bytes)
@@ -377,4 +400,7 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
         resident=tuple(v for v in variables if node_map.get(v.rpartition(":")[0]) ==
                        v.rpartition(":")[0]),
         variable_bytes=variable_bytes,
-        unprofiled=tuple(n for n in unprofiled if node_map.get(n) == n), profile=profile)
+        unprofiled=tuple(n for n in unprofiled if node_map.get(n) == n), profile=profile,
+        updates={o: v for o, v in updates.items() if node_map.get(o) == o},
+        assigned=tuple(t for t in assigned if node_map.get(t.rpartition(":")[0]) ==
+                       t.rpartition(":")[0]))
