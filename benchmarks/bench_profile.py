@@ -17,6 +17,7 @@ from tfswap.tf import emulate
 emulate.setup()
 
 from tfswap import zoo  # noqa: E402
+from tfswap.core.costmodel import FREE_OPS  # noqa: E402
 from tfswap.tf import capture, ir, profile  # noqa: E402
 
 # Sizes for a 2-core CPU; ResNet-50 at ImageNet resolution is the one the
@@ -36,7 +37,7 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     print("| model | nodes | trace (s) | isolated (s) | analytic (s) | isolated: timed / "
-          "analytic | sum of op times trace / isolated (ms) | V100 analytic (ms) "
+          "no kernel / fell back | sum of op times trace / isolated (ms) | V100 analytic (ms) "
           "| peak measured / IR (B) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
@@ -56,8 +57,10 @@ def main():
         low = ir.lower(captured, traced)
         predicted = low.predicted_peak(low.schedule(traced.executed_order))
         timed = sum(o.source == "isolated" for o in iso.ops)
+        free = sum(o.source == "analytic" and (o.type in FREE_OPS or o.type == "Placeholder")
+                   for o in iso.ops)
         print(f"| {name} | {len(captured.graph_def.node)} | {trace_s:.1f} | {iso_s:.1f} | "
-              f"{ana_s:.1f} | {timed} / {len(iso.ops) - timed} | "
+              f"{ana_s:.1f} | {timed} / {free} / {len(iso.ops) - timed - free} | "
               f"{traced.total_time_s * 1e3:.1f} / {iso.total_time_s * 1e3:.1f} | "
               f"{ana.total_time_s * 1e3:.1f} | {traced.peak_bytes} / {predicted} |",
               flush=True)
