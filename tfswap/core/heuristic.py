@@ -63,8 +63,12 @@ def swap_across_peak(graph: DataflowGraph, schedule: Sequence[str], count: int,
         if trigger >= first_after:
             continue  # its next reader follows the peak at once: nothing to overlap
         out_at = max(before[-1] if before else 0, pos[t.producer])
+        # The liveness model frees the original right after ``out_after``; the next
+        # op waits for the swap-out so that this holds however the copy is scheduled
+        # (a stall the simulator-driven planner avoids; this heuristic is for hand plans).
         candidates.append(Swap(
             tensor=t.name, out_after=schedule[out_at], in_after=schedule[trigger],
-            consumers=tuple(graph.ops[c].name for _, c in after), bytes=t.nbytes))
+            consumers=tuple(graph.ops[c].name for _, c in after), bytes=t.nbytes,
+            out_before=(schedule[out_at + 1],)))
     candidates.sort(key=lambda s: (-s.bytes, s.tensor))
     return tuple(candidates[:count])
