@@ -60,6 +60,7 @@ class OptimizedFunction:
     search: ga.SearchResult | None = None
     profile: Any = None
     notes: tuple[str, ...] = ()
+    measured_peak_bytes: int | None = None   # when optimize verified the plan by running it
 
     def __call__(self, *args, **kwargs):
         return self.bound(*args, **kwargs)
@@ -86,7 +87,9 @@ class OptimizedFunction:
         kinds: dict[str, int] = {}
         for s in p.swaps:
             kinds[s.kind] = kinds.get(s.kind, 0) + 1
-        lines = [f"tfswap plan {p.id} ({p.planner}) for {self.captured.name} on {self.device}",
+        name = self.captured.name
+        name = name.decode() if isinstance(name, bytes) else name
+        lines = [f"tfswap plan {p.id} ({p.planner}) for {name} on {self.device}",
                  f"  budget            {_mib(self.budget_bytes)}  (device spec {self.spec.name})"]
         if pred.peak_bytes is not None:
             lines.append(f"  predicted peak    {_mib(pred.peak_bytes)}")
@@ -104,6 +107,9 @@ class OptimizedFunction:
             lines.append(f"  search            {s.generations} generations, {s.evaluations} "
                          f"simulations, stopped on {s.stopped_because}; heuristic plan "
                          f"{s.heuristic_time_s * 1e3:.2f} ms")
+        if self.measured_peak_bytes is not None:
+            lines.append(f"  measured peak     {_mib(self.measured_peak_bytes)} "
+                         "(emulated device, verified)")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -181,8 +187,10 @@ def pin_parameters(graph: DataflowGraph, resident) -> DataflowGraph:
 
 def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str | None = None,
              device_spec: str | DeviceSpec | None = None, profile: str = "auto",
-             search_time: float = 60.0, seed: int = 0, workers: int | None = None,
+             search_time: float = 60.0, generations: int | None = None, seed: int = 0,
+             workers: int | None = None,
              executor=None, mode: str = "joint", inputs=None, safety_margin: float = 0.05,
+             small_tensor_bytes: int | None = None, verify_rounds: int = 3,
              progress: bool = False) -> OptimizedFunction:
     """Plan swaps for ``concrete_fn`` so it runs within ``memory_budget`` of device memory.
 
@@ -195,13 +203,21 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     default to "v100-16g-pcie3").  ``profile``: "trace" (run the step),
     "isolated" (time each op alone; for steps that do not fit), "analytic"
     (roofline from ``device_spec``), or "auto" (trace, else isolated).
-    ``search_time``: seconds of genetic search.  ``seed``: the search's seed
-    (same seed, same workers: same plan).  ``workers`` / ``executor``: local
+    ``search_time``: seconds of genetic search; ``generations``: stop after
+    this many generations instead (then the same seed gives the same plan on
+    any machine; a time limit depends on the machine's speed).  ``seed``: the
+    search's seed.  ``workers`` / ``executor``: local
     processes, or a ``concurrent.futures.Executor`` (e.g. Dask's).  ``mode``:
     "joint", "schedule" or "allocation" (ablations).  ``inputs``: sample
     arguments for the traced profile (default: random of the right shape).
     ``safety_margin``: fraction of the budget kept free for what the memory
     model does not see (kernel workspaces TF allocates outside the profile).
+    ``small_tensor_bytes``: tensors below this live in a small pool and are
+    never swapped (default: budget / 1024, between 4 KiB and 1 MiB, so that
+    small models still have tensors worth moving).  ``verify_rounds``: where
+    the device's peak can be measured (the emulated device), the rewritten
+    step is run once and, if it needs more than the budget, planned again
+    with the excess taken off, up to this many times (0: trust the model).
 
     Returns an :class:`OptimizedFunction`.  If the step already fits, it has
     no swaps and its report says so.
@@ -220,37 +236,86 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     spec = _spec_for(device_spec, device)
     budget = parse_budget(memory_budget, spec.memory_bytes)
 
+    if small_tensor_bytes is None:
+        small_tensor_bytes = int(min(1 << 20, max(4 << 10, budget // 1024)))
+    elif isinstance(small_tensor_bytes, bool) or not isinstance(small_tensor_bytes, int) \
+            or small_tensor_bytes < 0:
+        raise ValueError(f"small_tensor_bytes must be an int >= 0 (bytes), got "
+                         f"{small_tensor_bytes!r}")
     started = time.perf_counter()
     prof = _profile(captured, profile, spec, inputs, device, seed)
-    lowered = ir.lower(captured, prof)
+    lowered = ir.lower(captured, prof, small_bytes=small_tensor_bytes)
     graph = pin_parameters(lowered.graph, lowered.resident)
     keep = tuple(lowered.fetches) + tuple(lowered.assigned)
     schedule = lowered.schedule()
     planner_budget, outside = _planner_budget(budget, lowered, safety_margin)
     notes = [f"profile: {prof.source}, {time.perf_counter() - started:.1f} s"]
 
-    unconstrained = plan_swaps(graph, 1 << 62, spec, schedule=schedule, keep=keep)
+    unconstrained = plan_swaps(graph, 1 << 62, spec, schedule=schedule, keep=keep,
+                               small_threshold_bytes=small_tensor_bytes)
     if unconstrained.prediction.peak_bytes <= planner_budget:
-        plan = dataclasses.replace(unconstrained, budget_bytes=budget, planner="tfswap.no-swap")
         notes.append("the step already fits the budget: no swaps")
-        result = None
-    else:
-        config = ga.SearchConfig(time_budget_s=float(search_time), seed=seed, workers=workers,
-                                 executor=executor, mode=mode, progress=progress)
+        plan = _finish(dataclasses.replace(unconstrained, planner="tfswap.no-swap"), budget,
+                       captured, lowered, outside)
+        return _bind(captured, lowered, plan, spec, budget, device, host, None, prof, notes)
+
+    config = ga.SearchConfig(
+        time_budget_s=None if generations is not None else float(search_time),
+        max_generations=generations, seed=seed, workers=workers, executor=executor,
+        mode=mode, progress=progress)
+    verify = _measurable(device) and verify_rounds > 0
+    feed = list(inputs) if inputs is not None else _sample_inputs(captured, seed)
+    for attempt in range(1 + (verify_rounds if verify else 0)):
         try:
             result = ga.plan(graph, planner_budget, spec, config=config,
-                             initial_schedule=schedule, keep=keep)
+                             initial_schedule=schedule, keep=keep,
+                             small_threshold_bytes=small_tensor_bytes)
         except (ValueError, InfeasibleAllocation) as err:
+            minimum = _minimum_budget(graph, spec, schedule, keep, outside, safety_margin,
+                                      small_tensor_bytes)
             raise BudgetError(
                 f"memory_budget {memory_budget!r} ({budget} bytes) is below what this step "
-                f"needs at once: {err}. The smallest budget that can work is about "
-                f"{_minimum_budget(graph, spec, schedule, keep, outside, safety_margin)} "
+                f"needs at once: {err}. The smallest budget that can work is about {minimum} "
                 "bytes.") from err
-        plan = dataclasses.replace(result.plan, budget_bytes=budget)
-    plan = dataclasses.replace(
-        plan, graph_fingerprint=capture_mod.fingerprint(captured),
-        prediction=_with_outside(plan.prediction, outside))
-    return _bind(captured, lowered, plan, spec, budget, device, host, result, prof, notes)
+        plan = _finish(result.plan, budget, captured, lowered, outside)
+        optimized = _bind(captured, lowered, plan, spec, budget, device, host, result, prof,
+                          notes)
+        if not verify:
+            return optimized
+        from tfswap.tf import measure
+
+        measured = measure.measure(captured, optimized.graph_def, feed, runs=1, warmup=1)
+        if measured.peak_bytes <= budget:
+            if attempt:
+                notes.append(f"verified on the emulated device after {attempt} re-plan(s): "
+                             f"measured peak {measured.peak_bytes} B <= budget")
+            return dataclasses.replace(optimized, notes=tuple(notes),
+                                       measured_peak_bytes=measured.peak_bytes)
+        # The memory model missed what TF did (e.g. an in-place forward that an
+        # extra reader prevented): plan again with that much less room.
+        excess = measured.peak_bytes - budget
+        notes.append(f"measured peak {measured.peak_bytes} B exceeded the budget by {excess} B; "
+                     "re-planned with that much less")
+        planner_budget -= excess + budget // 100
+    raise BudgetError(
+        f"after {verify_rounds} re-plans the measured peak ({measured.peak_bytes} B) still "
+        f"exceeds memory_budget {budget} B; raise the budget or the safety_margin")
+
+
+def _measurable(device: str) -> bool:
+    """Whether this machine can measure the device's peak (the emulated device)."""
+    from tfswap.tf import emulate
+
+    return emulate.is_active() and device == emulate.DEVICE
+
+
+def _finish(plan: Plan, budget: int, captured, lowered, outside: int) -> Plan:
+    from tfswap.tf import capture as capture_mod
+
+    plan = _tensor_swaps(plan, lowered.graph)
+    return dataclasses.replace(plan, budget_bytes=budget,
+                               graph_fingerprint=capture_mod.fingerprint(captured),
+                               prediction=_with_outside(plan.prediction, outside))
 
 
 def _spec_for(device_spec, device: str) -> DeviceSpec:
@@ -289,18 +354,59 @@ def _with_outside(prediction: Prediction, outside: int) -> Prediction:
     return dataclasses.replace(prediction, peak_bytes=prediction.peak_bytes + outside)
 
 
-def _minimum_budget(graph, spec, schedule, keep, outside, safety_margin) -> int:
+def _minimum_budget(graph, spec, schedule, keep, outside, safety_margin, small) -> int:
     """Bisect the smallest planner budget the default plan accepts."""
-    lo, hi = 1, plan_swaps(graph, 1 << 62, spec, schedule=schedule, keep=keep
-                           ).prediction.peak_bytes
+    lo, hi = 1, plan_swaps(graph, 1 << 62, spec, schedule=schedule, keep=keep,
+                           small_threshold_bytes=small).prediction.peak_bytes
     while hi - lo > max(1, hi // 200):
         mid = (lo + hi) // 2
         try:
-            plan_swaps(graph, mid, spec, schedule=schedule, keep=keep)
+            plan_swaps(graph, mid, spec, schedule=schedule, keep=keep, small_threshold_bytes=small)
             hi = mid
         except (ValueError, InfeasibleAllocation):
             lo = mid
     return int((hi + outside) / (1.0 - safety_margin)) + 1
+
+
+def _tensor_swaps(plan: Plan, graph: DataflowGraph) -> Plan:
+    """The planner's buffer swaps as swaps of the tensors TensorFlow holds.
+
+    The planner moves buffers; a buffer can hold several tensors in turn (TF
+    forwards a dead input's buffer to an op's output) or at once (views).
+    What a swap must carry is the value the buffer holds when it leaves: the
+    latest member produced by its swap-out that is not a view.  Consumers
+    after the gap that read a later member read what they themselves (or
+    another consumer) produced after the copy came back, not the copy.
+    """
+    from tfswap.core import liveness
+    from tfswap.tf.rewrite import VIEW_OPS
+
+    position = {name: k for k, name in enumerate(plan.schedule)}
+    groups = liveness.buffers(graph)
+    swaps = []
+    for swap in plan.swaps:
+        if swap.kind != "round_trip":
+            swaps.append(swap)
+            continue
+        members = [graph.tensors[m] for m in groups[liveness.buffer_root(graph, swap.tensor)]]
+        out_at = position[swap.out_after]
+        held = [m for m in members if position[graph.ops[m.producer].name] <= out_at
+                and graph.ops[m.producer].type not in VIEW_OPS]
+        # A buffer whose members are all views (of a tensor outside the pool) carries its root.
+        value = max(held, key=lambda m: position[graph.ops[m.producer].name]) if held \
+            else members[0]
+        views = {value.name} | {m.name for m in members
+                                if graph.ops[m.producer].type in VIEW_OPS
+                                and liveness.buffer_root(graph, m.name) == liveness.buffer_root(
+                                    graph, value.name)
+                                and position[graph.ops[m.producer].name] <= out_at}
+        readers = tuple(c for c in swap.consumers
+                        if any(i in views for i in graph.op(c).inputs))
+        if not readers:
+            raise RuntimeError(f"swap {swap.id!r}: no consumer after the gap reads the value "
+                               f"{value.name} that leaves the device; this is a tfswap bug")
+        swaps.append(dataclasses.replace(swap, tensor=value.name, consumers=readers))
+    return dataclasses.replace(plan, swaps=tuple(swaps))
 
 
 def _bind(captured, lowered, plan, spec, budget, device, host, result, prof, notes):

@@ -91,4 +91,71 @@ def transformer(batch: int = 8, seq: int = 64, dim: int = 64, heads: int = 4,
     return _train_step("transformer", model, data, loss)
 
 
-MODELS = {"cnn": cnn, "transformer": transformer}
+def resnet50(batch: int = 2, image: int = 32, classes: int = 10, seed: int = 0) -> TrainStep:
+    """keras.applications.ResNet50 (weights=None) at ``image`` x ``image`` (>= 32), Adam."""
+    import keras
+
+    if image < 32:
+        raise ValueError(f"ResNet50 needs images of at least 32x32 pixels, got {image}")
+    keras.utils.set_random_seed(seed)
+    model = keras.applications.ResNet50(weights=None, input_shape=(image, image, 3),
+                                        classes=classes, classifier_activation=None)
+    rng = np.random.default_rng(seed)
+    data = (rng.standard_normal((batch, image, image, 3), dtype=np.float32),
+            rng.integers(0, classes, batch).astype(np.int32))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return _train_step("resnet50", model, data, loss)
+
+
+def bert(batch: int = 4, seq: int = 64, dim: int = 128, heads: int = 4, layers: int = 2,
+         vocab: int = 1024, seed: int = 0) -> TrainStep:
+    """A BERT-style encoder: token + learned position embeddings, LayerNorm, post-LN
+    blocks (self-attention, GELU feed-forward of width 4 x dim), masked-LM head."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    L = keras.layers
+    tokens = keras.Input((seq,), dtype="int32")
+    positions = keras.ops.arange(seq, dtype="int32")
+    h = L.Embedding(vocab, dim)(tokens) + L.Embedding(seq, dim)(positions)[None]
+    h = L.LayerNormalization(epsilon=1e-12)(h)
+    for _ in range(layers):
+        a = L.MultiHeadAttention(heads, dim // heads)(h, h)
+        h = L.LayerNormalization(epsilon=1e-12)(h + L.Dense(dim)(a))
+        f = L.Dense(4 * dim, activation="gelu")(h)
+        h = L.LayerNormalization(epsilon=1e-12)(h + L.Dense(dim)(f))
+    h = L.Dense(dim, activation="gelu")(h)
+    logits = L.Dense(vocab)(L.LayerNormalization(epsilon=1e-12)(h))
+    model = keras.Model(tokens, logits, name="bert")
+    rng = np.random.default_rng(seed)
+    data = (rng.integers(0, vocab, (batch, seq)).astype(np.int32),
+            rng.integers(0, vocab, (batch, seq)).astype(np.int32))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return _train_step("bert", model, data, loss)
+
+
+def lstm(batch: int = 8, steps: int = 16, features: int = 32, units: int = 64,
+         layers: int = 2, classes: int = 10, unroll: bool = True, seed: int = 0) -> TrainStep:
+    """A stack of LSTMs over ``steps`` time steps, then Dense on the last state.
+
+    ``unroll=True`` builds one cell per time step (no control flow);
+    ``unroll=False`` keeps Keras's ``While`` loop (functional control flow).
+    """
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    L = keras.layers
+    stack = [keras.Input((steps, features))]
+    for k in range(layers):
+        stack.append(L.LSTM(units, return_sequences=k < layers - 1, unroll=unroll))
+    stack.append(L.Dense(classes))
+    model = keras.Sequential(stack, name="lstm" if unroll else "lstm_loop")
+    rng = np.random.default_rng(seed)
+    data = (rng.standard_normal((batch, steps, features), dtype=np.float32),
+            rng.integers(0, classes, batch).astype(np.int32))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return _train_step("lstm" if unroll else "lstm_loop", model, data, loss)
+
+
+MODELS = {"cnn": cnn, "transformer": transformer, "resnet50": resnet50, "bert": bert,
+          "lstm": lstm}

@@ -51,9 +51,12 @@ def test_rewritten_step_trains_like_the_users_function(planned):
 
 
 def test_measured_peak_drops_by_at_least_80_percent_of_predicted(planned):
+    """Both graphs measured the same way, one after the other in one process: the
+    transformer's unmodified peak moves by ~0.5 MB between processes (oneDNN's
+    per-process state), as much as a swap frees, so the baseline is not reused."""
     step, captured, quick, rewritten = planned
-    after = measure.measure(captured, rewritten.graph_def, step.batch)
-    before = quick.baseline
+    before = measure.measure(captured, captured.graph_def, step.batch, runs=5)
+    after = measure.measure(captured, rewritten.graph_def, step.batch, runs=5)
     freed = before.peak_bytes - after.peak_bytes
     print(f"\n{step.name}: device peak unmodified {before.peak_bytes} B, rewritten "
           f"{after.peak_bytes} B, freed {freed} B, predicted {quick.predicted_freed_bytes} B")

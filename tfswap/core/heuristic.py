@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tfswap.core.graph import DataflowGraph
-from tfswap.core.liveness import _positions, live_bytes
+from tfswap.core.liveness import _positions, buffers, live_bytes
 from tfswap.core.plan import Swap
 
 
@@ -34,23 +34,41 @@ def swap_across_peak(graph: DataflowGraph, schedule: Sequence[str], count: int,
     curve = live_bytes(graph, schedule, keep=keep)
     peak_at = int(np.argmax(curve))
     kept = set(keep)
+    # Tensors sharing a buffer (forwarded in place, or views) free it only
+    # together: a candidate must be the only member of its buffer read after
+    # the peak, and its swap-out waits for every member's earlier readers.
+    group_of = {}
+    for members in buffers(graph).values():
+        for m in members:
+            group_of[m] = members
     candidates = []
-    for t in graph.tensors:
-        if not t.swappable or t.nbytes < min_bytes or t.name in kept or not t.consumers:
+    for t_id, t in enumerate(graph.tensors):
+        if not t.swappable or t.nbytes < min_bytes or t.name in kept or not t.consumers \
+                or t.kind in ("parameter", "optimizer_state"):
             continue
-        produced = pos[t.producer]
+        group = [graph.tensors[m] for m in group_of[t_id]]
+        if any(m.name in kept for m in group):
+            continue
+        produced = min(pos[m.producer] for m in group)
         readers = sorted((pos[c], c) for c in t.consumers)
-        before = [c for p, c in readers if p < peak_at]
+        before = sorted(pos[c] for m in group for c in m.consumers if pos[c] < peak_at)
         after = [(p, c) for p, c in readers if p > peak_at]
-        if produced >= peak_at or not after or len(before) + len(after) != len(readers):
+        others_after = any(pos[c] >= peak_at for m in group if m.name != t.name
+                           for c in m.consumers)
+        if produced >= peak_at or pos[t.producer] >= peak_at or not after or others_after \
+                or any(p == peak_at for p, _ in readers):
             continue
         first_after = after[0][0]
         trigger = max(peak_at + 1, first_after - lead)
         if trigger >= first_after:
             continue  # its next reader follows the peak at once: nothing to overlap
-        out_after = graph.ops[before[-1]].name if before else graph.ops[t.producer].name
+        out_at = max(before[-1] if before else 0, pos[t.producer])
+        # The liveness model frees the original right after ``out_after``; the next
+        # op waits for the swap-out so that this holds however the copy is scheduled
+        # (a stall the simulator-driven planner avoids; this heuristic is for hand plans).
         candidates.append(Swap(
-            tensor=t.name, out_after=out_after, in_after=schedule[trigger],
-            consumers=tuple(graph.ops[c].name for _, c in after), bytes=t.nbytes))
+            tensor=t.name, out_after=schedule[out_at], in_after=schedule[trigger],
+            consumers=tuple(graph.ops[c].name for _, c in after), bytes=t.nbytes,
+            out_before=(schedule[out_at + 1],)))
     candidates.sort(key=lambda s: (-s.bytes, s.tensor))
     return tuple(candidates[:count])

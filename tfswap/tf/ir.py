@@ -1,40 +1,91 @@
-"""CapturedFunction -> core.DataflowGraph (names, types, shapes, bytes).
+"""CapturedFunction (+ Profile) -> core.DataflowGraph for the planner.
 
-Every GraphDef node that an output or a side effect needs becomes an op and every output a tensor whose bytes are
-its static shape times its dtype size (all shapes are known: capture rejects
-unknown dimensions).  Handles, strings and variants are marked unswappable.
+Every GraphDef node that an output or a side effect needs becomes an op and
+every output a tensor whose bytes are its static shape times its dtype size
+(all shapes are known: capture rejects unknown dimensions).  Handles,
+strings and variants are marked unswappable.
+
+:func:`lower` adds what the planner needs beyond names and bytes:
+
+* **times and scratch** from a :class:`~tfswap.core.profile.Profile`;
+* **buffers**: ``alias_of`` from the profile's aliases (trace: TF's in-place
+  forwarding as it happened), from views (Reshape, Identity, ...) otherwise;
+  every read of one variable shares that variable's buffer;
+* **kinds and phases** by reachability (:func:`tfswap.core.kinds.classify`);
+* **reduction**: bookkeeping nodes fold into the first op they feed, so the
+  planner sees only what costs time or memory.  Folded are shape-only ops
+  (Shape, ShapeN, Size, Rank, VariableShape, BroadcastGradientArgs), NoOps,
+  variable-handle placeholders, and stateless ops whose data inputs are all
+  folded and whose outputs are at most ``fold_bytes`` (constants and the
+  arithmetic on them).  A folded node's time moves to its target; its data
+  edges become control edges from its own unfolded predecessors, so the
+  order is kept without lengthening any tensor's life.  Nodes nothing
+  needs are ``pruned`` (the function runtime never runs them either).
+  Functional control flow (While, If, PartitionedCall, ...) is one opaque
+  op with its measured time, never dropped.
+
+``LoweredGraph.node_map`` sends every needed GraphDef node to the IR op it
+is or was folded into; with ``pruned`` it covers the whole GraphDef.
 
 Example::
 
-    graph = to_dataflow_graph(captured)
-    graph.tensor("conv1/Relu:0").nbytes
+    graph = to_dataflow_graph(captured)            # names and bytes only
+    low = lower(captured, profile.trace(captured, inputs))
+    low.graph.op("conv1/Conv2D").time_s, low.node_map["Shape_1"]
+    low.predicted_peak(low.schedule())             # device bytes, TF's order
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
 import numpy as np
 import tensorflow as tf
 
+from tfswap.core import kinds as kinds_mod
+from tfswap.core import liveness
 from tfswap.core.graph import DataflowGraph, Op, Tensor
+from tfswap.core.profile import Profile
 from tfswap.tf.capture import CapturedFunction
-from tfswap.tf.shapes import static_shapes
+from tfswap.tf.shapes import import_with_shapes
 
 _UNSWAPPABLE = (tf.resource, tf.variant, tf.string)
 
+# Ops that return (a view of) their first input without touching the data.
+VIEW_OPS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+                      "PreventGradient", "EnsureShape", "CheckNumerics", "Bitcast"})
+ALWAYS_FOLD = frozenset({"Shape", "ShapeN", "Size", "Rank", "VariableShape",
+                         "BroadcastGradientArgs", "NoOp"})
+# Ops that read a variable without writing it; any other op taking a
+# variable's handle is a writer (Assign*VariableOp, ResourceApply*, ...).
+VARIABLE_READERS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd",
+                              "VariableShape", "VarIsInitializedOp"})
+DEFAULT_FOLD_BYTES = 1024
+# Kernels that write into an input's buffer when they hold its only reference
+# (TF's forward_input_or_allocate_output): unary and binary elementwise ops.
+FORWARDING_OPS = frozenset({
+    "Relu", "Relu6", "Elu", "Selu", "Sigmoid", "Tanh", "Exp", "Log", "Neg", "Abs", "Square",
+    "Sqrt", "Rsqrt", "Reciprocal", "Softplus", "Erf", "Cast", "AddV2", "Add", "Sub", "Mul",
+    "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum", "SquaredDifference", "Pow",
+    "BiasAdd", "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "SigmoidGrad", "TanhGrad",
+    "RsqrtGrad", "SqrtGrad", "LeakyRelu", "LeakyReluGrad", "Gelu", "GeluGrad", "AddN"})
 
-def tensor_bytes(dtype: tf.DType, shape: tf.TensorShape) -> int:
+
+def tensor_bytes(tensor: tf.Tensor) -> int:
     """Bytes of a tensor's buffer (0 where the size is not a plain product)."""
-    if dtype in _UNSWAPPABLE or not shape.is_fully_defined():
+    if tensor.dtype in _UNSWAPPABLE or not tensor.shape.is_fully_defined():
         return 0
-    return int(np.prod(shape.as_list(), dtype=np.int64)) * dtype.size
+    return int(np.prod(tensor.shape.as_list(), dtype=np.int64)) * tensor.dtype.size
 
 
-def to_dataflow_graph(captured: CapturedFunction) -> DataflowGraph:
-    shapes = static_shapes(captured, captured.graph_def)
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.graph_util.import_graph_def(captured.graph_def, name="")
-    # Like the function runtime, drop what neither an output nor a side effect needs.
+def _import(captured: CapturedFunction) -> tf.Graph:
+    """The captured graph, every tensor's static shape known (variables included)."""
+    return import_with_shapes(captured, captured.graph_def)
+
+
+def _needed(graph: tf.Graph, captured: CapturedFunction) -> set[str]:
+    """Like the function runtime: what an output or a side effect needs."""
     needed = set()
     stack = [graph.get_tensor_by_name(f).op for f in captured.fetches]
     stack += [graph.get_operation_by_name(n) for n in captured.control_outputs]
@@ -45,6 +96,10 @@ def to_dataflow_graph(captured: CapturedFunction) -> DataflowGraph:
         needed.add(op.name)
         stack.extend(t.op for t in op.inputs)
         stack.extend(op.control_inputs)
+    return needed
+
+
+def _plain_graph(graph: tf.Graph, needed: set[str]) -> tuple[list[Op], list[Tensor]]:
     ops, tensors = [], []
     for op in graph.get_operations():
         if op.name not in needed:
@@ -55,9 +110,296 @@ def to_dataflow_graph(captured: CapturedFunction) -> DataflowGraph:
             control_inputs=tuple(c.name for c in op.control_inputs),
             device=op.device))
         for t in op.outputs:
-            shape = shapes[t.name]
             tensors.append(Tensor(
-                name=t.name, nbytes=tensor_bytes(t.dtype, shape), dtype=t.dtype.name,
-                shape=tuple(shape.as_list()) if shape.rank is not None else (),
-                swappable=t.dtype not in _UNSWAPPABLE and shape.is_fully_defined()))
+                name=t.name, nbytes=tensor_bytes(t), dtype=t.dtype.name,
+                shape=tuple(t.shape.as_list()) if t.shape.rank is not None else (),
+                swappable=t.dtype not in _UNSWAPPABLE and t.shape.is_fully_defined()))
+    return ops, tensors
+
+
+def to_dataflow_graph(captured: CapturedFunction) -> DataflowGraph:
+    """Names, types, edges and static bytes of every needed node; nothing folded."""
+    graph = _import(captured)
+    ops, tensors = _plain_graph(graph, _needed(graph, captured))
     return DataflowGraph.build(ops, tensors)
+
+
+@dataclass(frozen=True)
+class LoweredGraph:
+    """The planner's graph and how it maps back to the GraphDef.
+
+    ``node_map``: needed GraphDef node -> IR op (itself, or the op it was
+    folded into).  ``pruned``: GraphDef nodes that nothing needs.
+    ``fetches``: tensors live to the end of the step.  ``resident``: tensors
+    holding variable values (on the device for the whole step).  ``updates``:
+    ops updating a variable in place (AssignAdd/Sub, ResourceApply*) -> a
+    tensor holding that variable's value.  ``assigned``: tensors that an
+    AssignVariableOp makes a variable's new value (held to the step's end).
+    ``variable_bytes``: bytes of all captured variables.  ``unprofiled``: IR
+    ops the profile had no figures for, so time 0: the feeds, nodes TF folded
+    to constants before running, and nodes its oneDNN rewrite merged into a
+    neighbour (Conv2D + BiasAdd run as one kernel under the BiasAdd's name,
+    which then carries the time of both).
+    """
+
+    graph: DataflowGraph
+    node_map: dict
+    pruned: tuple[str, ...]
+    fetches: tuple[str, ...]
+    resident: tuple[str, ...]
+    variable_bytes: int
+    unprofiled: tuple[str, ...]
+    profile: Profile | None = None
+    updates: dict = field(default_factory=dict)   # in-place variable update -> its variable's value
+    assigned: tuple[str, ...] = ()                 # tensors AssignVariableOp makes a variable
+
+    @property
+    def folded(self) -> dict:
+        """GraphDef node -> IR op, for the nodes that are not IR ops themselves."""
+        return {n: o for n, o in self.node_map.items() if n != o}
+
+    def schedule(self, observed: Sequence[str] | None = None) -> list[str]:
+        """A complete schedule following ``observed`` (default: the profile's executed order)."""
+        if observed is None:
+            observed = self.profile.executed_order if self.profile is not None else ()
+        order = self.graph.order_following(list(observed))
+        return [self.graph.ops[i].name for i in order]
+
+    def predicted_peak(self, schedule: Sequence[str] | None = None) -> int:
+        """Device bytes at the peak of the unmodified step run in ``schedule``:
+        buffers live from producer to last reader (aliases once, scratch while
+        its op runs), fetches and values assigned to variables to the end,
+        every variable, and the copies in-place updates make of variables
+        that are still being read (:func:`tfswap.core.liveness.variable_copies`)."""
+        schedule = self.schedule() if schedule is None else schedule
+        read = {liveness.buffer_root(self.graph, t) for t in self.resident}
+        read_bytes = sum(self.graph.tensor(t).nbytes for t in read)
+        curve = liveness.live_bytes(self.graph, schedule, keep=self.fetches + self.assigned,
+                                    resident=self.resident)
+        for at, nbytes in liveness.variable_copies(self.graph, schedule, self.updates):
+            curve[at:] += nbytes
+        return int(curve.max()) - read_bytes + self.variable_bytes if len(curve) else 0
+
+
+def _static_forward(op: Op, tensors: dict, readers: dict, keep: set,
+                    not_owned: set) -> tuple[tuple[int, int], ...]:
+    """The static forwarding rule, for profiles that did not watch TF run.
+
+    TF lets an elementwise kernel write into an input's buffer when nothing
+    else holds that buffer: here, when this op is the input's only reader,
+    the input is not a fetch, has the output's shape and dtype, and its
+    buffer is produced by the step (not a variable read, constant or feed).
+    An input with several readers may be forwarded by whichever runs last;
+    that depends on the schedule, so it is left unaliased (the model then
+    overestimates, never underestimates).
+    """
+    out = tensors.get(f"{op.name}:0")
+    if out is None or out.nbytes == 0:
+        return ()
+    for k, name in enumerate(op.inputs):
+        t = tensors[name]
+        if (t.shape == out.shape and t.dtype == out.dtype and readers.get(name) == 1
+                and name not in keep and name.rpartition(":")[0] not in not_owned):
+            return ((0, k),)
+    return ()
+
+
+def _set_aliases(ops: list[Op], tensors: list[Tensor], profile: Profile | None,
+                 handle_of: dict[str, str], keep: Sequence[str] = ()) -> list[Tensor]:
+    """Give every tensor sharing another's buffer ``alias_of`` = the buffer's owner."""
+    index = {t.name: k for k, t in enumerate(tensors)}
+    alias = {}
+    use_trace = profile is not None and profile.source == "trace"
+    by_name = {t.name: t for t in tensors}
+    readers: dict[str, int] = {}
+    for op in ops:
+        for name in set(op.inputs):
+            readers[name] = readers.get(name, 0) + 1
+    producer_type = {op.name: op.type for op in ops}
+    not_owned = {n for n, t in producer_type.items()
+                 if t in ("ReadVariableOp", "Const", "Placeholder", "HostConst")}
+    kept = set(keep)
+    first_read = {}
+    for op in ops:
+        if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in handle_of:
+            var = handle_of[op.inputs[0]]
+            out = f"{op.name}:0"
+            if var in first_read:
+                alias[out] = first_read[var]
+            else:
+                first_read[var] = out
+            continue
+        pairs = ()
+        if use_trace and op.name in profile:
+            pairs = profile.op(op.name).aliases
+        elif op.type in VIEW_OPS:
+            pairs = ((0, 0),)
+        elif op.type == "IdentityN":
+            pairs = tuple((k, k) for k in range(len(op.inputs)))
+        elif not use_trace and op.type in FORWARDING_OPS:
+            pairs = _static_forward(op, by_name, readers, kept, not_owned)
+        for out_slot, in_slot in pairs:
+            out = f"{op.name}:{out_slot}"
+            if out in index and in_slot < len(op.inputs):
+                alias[out] = op.inputs[in_slot]
+
+    def root(name: str) -> str:
+        seen = set()
+        while name in alias and name not in seen:
+            seen.add(name)
+            name = alias[name]
+        return name
+
+    return [replace(t, alias_of=root(t.name)) if t.name in alias and root(t.name) != t.name
+            else t for t in tensors]
+
+
+def _reduce(graph: DataflowGraph, tf_graph: tf.Graph, keep_ops: set[str],
+            fold_bytes: int) -> tuple[DataflowGraph, dict]:
+    order = graph.topological_order()
+    folded = set()
+    for i in order:
+        op = graph.ops[i]
+        if op.name in keep_ops:
+            continue
+        tf_op = tf_graph.get_operation_by_name(op.name)
+        outputs = [graph.tensor(t) for t in op.outputs]
+        is_handle = op.type == "Placeholder" and outputs and outputs[0].dtype == "resource"
+        if op.type in ALWAYS_FOLD or is_handle:
+            folded.add(i)
+            continue
+        if op.type == "Placeholder" or tf_op.op_def.is_stateful or not outputs:
+            continue
+        if all(t.nbytes <= fold_bytes for t in outputs) and all(
+                graph.tensor(t).producer in folded for t in op.inputs) and all(
+                graph.op_id(c) in folded for c in op.control_inputs):
+            folded.add(i)
+    # Each folded op goes to its first unfolded consumer (through folded ones).
+    succ = [[] for _ in graph.ops]
+    for i in range(len(graph.ops)):
+        for p in graph.predecessors(i):
+            succ[p].append(i)
+    position = {op: k for k, op in enumerate(order)}
+    target = {}
+    for i in reversed(order):
+        if i not in folded:
+            target[i] = i
+            continue
+        candidates = [target[s] for s in succ[i] if target.get(s) is not None]
+        if not candidates:
+            folded.discard(i)   # feeds nothing that stays: it stays itself
+            target[i] = i
+            continue
+        target[i] = min(candidates, key=position.get)
+    # Unfolded predecessors standing in for a folded one (memoised, in order).
+    anchors = {}
+    for i in order:
+        if i in folded:
+            acc = set()
+            for p in graph.predecessors(i):
+                acc |= anchors[p] if p in folded else {p}
+            anchors[i] = acc
+    extra_time = {}
+    for i in folded:
+        extra_time[target[i]] = extra_time.get(target[i], 0.0) + graph.ops[i].time_s
+    ops, tensors = [], []
+    for i, op in enumerate(graph.ops):
+        if i in folded:
+            continue
+        inputs = tuple(t for t in op.inputs if graph.tensor(t).producer not in folded)
+        data_preds = {graph.tensor(t).producer for t in inputs}
+        controls = []
+        for p in sorted(graph.predecessors(i), key=position.get):
+            for a in sorted(anchors[p], key=position.get) if p in folded else [p]:
+                if a not in data_preds and a != i and graph.ops[a].name not in controls:
+                    controls.append(graph.ops[a].name)
+        ops.append(replace(op, inputs=inputs, control_inputs=tuple(controls), outputs=(),
+                           time_s=op.time_s + extra_time.get(i, 0.0)))
+        tensors.extend(graph.tensor(t) for t in op.outputs)
+    kept_names = {t.name for t in tensors}
+    tensors = [replace(t, alias_of="") if t.alias_of and t.alias_of not in kept_names else t
+               for t in tensors]
+    reduced = DataflowGraph.build(
+        ops, [replace(t, producer=-1, consumers=()) for t in tensors])
+    return reduced, {graph.ops[i].name: graph.ops[target[i]].name for i in range(len(graph.ops))}
+
+
+def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce: bool = True,
+          classify: bool = True, small_bytes: int = kinds_mod.DEFAULT_SMALL_BYTES,
+          fold_bytes: int = DEFAULT_FOLD_BYTES) -> LoweredGraph:
+    """The planner's graph of ``captured`` with ``profile``'s costs (see module doc).
+
+    ``reduce``: fold bookkeeping nodes.  ``classify``: set kinds and phases.
+    ``small_bytes``: tensors below this are kind ``small``.  ``fold_bytes``:
+    largest output of a constant-derived node that still folds.
+    """
+    if small_bytes < 0 or fold_bytes < 0:
+        raise ValueError(f"small_bytes and fold_bytes must be >= 0 bytes, got "
+                         f"{small_bytes} and {fold_bytes}")
+    tf_graph = _import(captured)
+    needed = _needed(tf_graph, captured)
+    ops, tensors = _plain_graph(tf_graph, needed)
+    unprofiled = []
+    if profile is not None:
+        timed = []
+        for op in ops:
+            if op.name in profile:
+                p = profile.op(op.name)
+                timed.append(replace(op, time_s=p.time_s, scratch_bytes=p.scratch_bytes))
+            else:
+                unprofiled.append(op.name)
+                timed.append(op)
+        ops = timed
+        # Tensors of no static size (a While's TensorList accumulators) take
+        # the bytes the profile saw them hold.
+        sized = []
+        for t in tensors:
+            op_name, _, slot = t.name.rpartition(":")
+            if t.nbytes == 0 and op_name in profile:
+                measured = profile.op(op_name).output_bytes
+                if int(slot) < len(measured):
+                    t = replace(t, nbytes=measured[int(slot)])
+            sized.append(t)
+        tensors = sized
+    handle_of = {c.name: c.name for c in captured.captures if c.variable is not None}
+    tensors = _set_aliases(ops, tensors, profile, handle_of, keep=captured.fetches)
+    graph = DataflowGraph.build(ops, tensors)
+
+    variables = [f"{op.name}:0" for op in ops
+                 if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in handle_of]
+    writers = [op.name for op in ops if op.type not in VARIABLE_READERS
+               and any(t in handle_of for t in op.inputs)]
+    if classify:
+        graph = kinds_mod.classify(
+            graph, loss=captured.fetches, inputs=captured.feeds, variables=variables,
+            writers=writers, small_bytes=small_bytes)
+    first_read = {}
+    for op in ops:
+        if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in handle_of:
+            first_read.setdefault(op.inputs[0], f"{op.name}:0")
+    updates, assigned = {}, []
+    for op in ops:
+        handles = [t for t in op.inputs if t in handle_of]
+        if op.name not in writers or not handles:
+            continue
+        if op.type == "AssignVariableOp":
+            assigned.extend(t for t in op.inputs[1:] if t not in handle_of)
+        elif handles[0] in first_read:
+            updates[op.name] = first_read[handles[0]]
+    keep_ops = {f.rpartition(":")[0] for f in captured.fetches} | set(captured.control_outputs)
+    if reduce:
+        graph, node_map = _reduce(graph, tf_graph, keep_ops, fold_bytes)
+    else:
+        node_map = {op.name: op.name for op in graph.ops}
+    pruned = tuple(n.name for n in captured.graph_def.node if n.name not in needed)
+    variable_bytes = sum(int(np.prod(c.variable.shape)) * c.variable.dtype.size
+                         for c in captured.captures if c.variable is not None)
+    return LoweredGraph(
+        graph=graph, node_map=node_map, pruned=pruned, fetches=tuple(captured.fetches),
+        resident=tuple(v for v in variables if node_map.get(v.rpartition(":")[0]) ==
+                       v.rpartition(":")[0]),
+        variable_bytes=variable_bytes,
+        unprofiled=tuple(n for n in unprofiled if node_map.get(n) == n), profile=profile,
+        updates={o: v for o, v in updates.items() if node_map.get(o) == o},
+        assigned=tuple(t for t in assigned if node_map.get(t.rpartition(":")[0]) ==
+                       t.rpartition(":")[0]))

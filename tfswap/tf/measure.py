@@ -82,11 +82,23 @@ def executed_order(step_stats) -> list[tuple[int, str, str]]:
     return rows
 
 
-def measure(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
-            warmup: int = 1, device: str = DEVICE, config=None) -> Measurement:
-    """Run ``graph_def`` (with copies of the captured variables) and measure it.
+@dataclass(frozen=True)
+class TracedRuns:
+    """The raw result of :func:`run_traced`: one RunMetadata per timed run."""
+
+    metadata: tuple            # RunMetadata (step stats, partition graphs) per run
+    times_s: tuple[float, ...]  # wall time of each traced run
+    variable_bytes: int         # bytes of the captured variables homed on the device
+
+
+def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
+               warmup: int = 1, device: str = DEVICE, config=None,
+               inter_op_threads: int = 2) -> TracedRuns:
+    """Run ``graph_def`` (with copies of the captured variables) under FULL_TRACE.
 
     ``inputs`` are the flat argument values, in ``captured.args`` order.
+    ``inter_op_threads``: the executor's thread count; 1 runs one op at a
+    time, so the trace's order is a schedule.
     """
     if len(inputs) != len(captured.args):
         raise ValueError(f"measure needs {len(captured.args)} inputs "
@@ -96,7 +108,12 @@ def measure(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
     cfg.device_count["CPU"] = 2
     # Two threads: the control chain serialises the compute ops anyway, and the
     # host-side swap ops need a thread of their own to overlap, like a copy stream.
-    cfg.inter_op_parallelism_threads = 2
+    if inter_op_threads < 1:
+        raise ValueError(f"inter_op_threads must be >= 1, got {inter_op_threads}")
+    cfg.inter_op_parallelism_threads = inter_op_threads
+    # A Session's inter-op pool is otherwise the process-wide one, sized by
+    # whichever Session came first; a pool of its own makes the count hold.
+    cfg.use_per_session_threads = True
 
     # Read the live values eagerly, before building the session graph.
     values = [cap.variable.numpy() if cap.variable is not None else cap.value.numpy()
@@ -142,21 +159,36 @@ def measure(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
         sess.run(init_ops, feed_dict=init_feed)
         for _ in range(warmup):
             sess.run((fetches, targets), feed_dict=step_feed)
-        times, peaks, last = [], [], None
+        times, saved = [], []
         for _ in range(max(1, runs)):
             metadata = tf.compat.v1.RunMetadata()
             start = time.perf_counter()
             sess.run((fetches, targets), feed_dict=step_feed, options=options, run_metadata=metadata)
             times.append(time.perf_counter() - start)
-            peaks.append(transient_peak(metadata.step_stats, device))
-            last = metadata
+            saved.append(metadata)
+    return TracedRuns(tuple(saved), tuple(times), variable_bytes)
+
+
+def measure(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
+            warmup: int = 1, device: str = DEVICE, config=None,
+            inter_op_threads: int = 2) -> Measurement:
+    """Run ``graph_def`` (with copies of the captured variables) and measure it.
+
+    ``inputs`` are the flat argument values, in ``captured.args`` order.
+    ``inter_op_threads``: 2 by default (see :func:`run_traced`).
+    """
+    traced = run_traced(captured, graph_def, inputs, runs=runs, warmup=warmup, device=device,
+                        config=config, inter_op_threads=inter_op_threads)
+    last = traced.metadata[-1]
+    peaks = [transient_peak(md.step_stats, device) for md in traced.metadata]
+    variable_bytes = traced.variable_bytes
     order = executed_order(last.step_stats)
     transient = max(peaks)
     return Measurement(
         peak_bytes=transient + variable_bytes,
         transient_peak_bytes=transient,
         variable_bytes=variable_bytes,
-        step_time_s=statistics.median(times),
+        step_time_s=statistics.median(traced.times_s),
         executed_ops=tuple(name for _, name, _ in order),
         node_devices={name: dev for _, name, dev in order},
         start_micros={name: start for start, name, _ in order},

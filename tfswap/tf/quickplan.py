@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from tfswap.core import heuristic, liveness
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.plan import Plan, Prediction
-from tfswap.tf import ir, measure
+from tfswap.tf import ir, measure, profile
 from tfswap.tf.capture import CapturedFunction
 
 
@@ -36,12 +36,15 @@ def observed_schedule(graph: DataflowGraph, baseline: measure.Measurement) -> li
 
 
 def heuristic_plan(captured: CapturedFunction, inputs, swaps: int = 3, lead: int = 2) -> QuickPlan:
-    graph = ir.to_dataflow_graph(captured)
-    baseline = measure.measure(captured, captured.graph_def, inputs)
-    schedule = observed_schedule(graph, baseline)
-    chosen = heuristic.swap_across_peak(graph, schedule, swaps, lead=lead, keep=captured.fetches)
-    before = liveness.peak(graph, schedule, keep=captured.fetches)
-    after = liveness.peak(graph, schedule, chosen, keep=captured.fetches)
+    # The trace runs one op at a time, so TF's executed order (the schedule) is
+    # the same every run and so is the plan (with two threads both varied).
+    low = ir.lower(captured, profile.trace(captured, inputs, runs=1, warmup=1))
+    graph, schedule = low.graph, low.schedule()
+    baseline = measure.measure(captured, captured.graph_def, inputs, inter_op_threads=1)
+    keep = tuple(low.fetches) + tuple(low.assigned)
+    chosen = heuristic.swap_across_peak(graph, schedule, swaps, lead=lead, keep=keep)
+    before = liveness.peak(graph, schedule, keep=keep, resident=low.resident)
+    after = liveness.peak(graph, schedule, chosen, keep=keep, resident=low.resident)
     plan = Plan(schedule=tuple(schedule), swaps=chosen, planner="heuristic.swap_across_peak",
                 prediction=Prediction(peak_bytes=after + baseline.variable_bytes,
                                       swap_out_bytes=sum(s.bytes for s in chosen),

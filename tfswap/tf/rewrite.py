@@ -77,6 +77,50 @@ def _predecessors(node) -> list[str]:
     return [i.lstrip("^").partition(":")[0] for i in node.input]
 
 
+# Ops whose output is a view of their first input (same buffer, same bytes).
+# A consumer that reads such a view of a swapped tensor reads the same view
+# of the swapped-in copy: the view ops are cloned onto the SwapIn.
+VIEW_OPS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+                      "PreventGradient", "EnsureShape", "CheckNumerics", "Bitcast"})
+
+
+def _view_chain(nodes: dict, ref: tuple[str, int], source: tuple[str, int]) -> list[str] | None:
+    """View ops leading from ``source`` to tensor ``ref`` (first input only), or None."""
+    chain = []
+    while ref != source:
+        node = nodes.get(ref[0])
+        if node is None or node.op not in VIEW_OPS or ref[1] != 0 or not _data_inputs(node):
+            return None
+        chain.append(node.name)
+        ref = _data_inputs(node)[0]
+    return chain[::-1]
+
+
+def _reads(nodes: dict, node, source: tuple[str, int]) -> bool:
+    return any(_view_chain(nodes, ref, source) is not None for ref in _data_inputs(node))
+
+
+def _repoint(graph_def, nodes: dict, node, source: tuple[str, int], swap_in: str, k: int) -> None:
+    """Make ``node`` read ``swap_in`` (through cloned views) wherever it read ``source``."""
+    for i, raw in enumerate(node.input):
+        if raw.startswith("^"):
+            continue
+        chain = _view_chain(nodes, split_tensor_name(raw), source)
+        if chain is None:
+            continue
+        current = swap_in
+        for view in chain:
+            clone_name = f"{SWAP_SCOPE}/swap_in_{k}/{view}"
+            if clone_name not in nodes:
+                clone = graph_def.node.add()
+                clone.CopyFrom(nodes[view])
+                clone.name = clone_name
+                clone.input[0] = current
+                nodes[clone_name] = clone
+            current = clone_name
+        node.input[i] = current
+
+
 def _device_kind(device: str) -> str:
     return tf.DeviceSpec.from_string(device).device_type or ""
 
@@ -169,8 +213,9 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         for consumer in swap.consumers:
             if consumer not in nodes:
                 raise RewriteError(f"swap {swap.id!r}: consumer {consumer!r} is not in the graph")
-            if (producer, index) not in _data_inputs(nodes[consumer]):
-                raise RewriteError(f"swap {swap.id!r}: {consumer!r} does not read {swap.tensor}")
+            if not _reads(nodes, nodes[consumer], (producer, index)):
+                raise RewriteError(f"swap {swap.id!r}: {consumer!r} does not read {swap.tensor} "
+                                   "(or a view of it)")
             if swap.in_after in position and consumer in position \
                     and position[consumer] <= position[swap.in_after]:
                 raise RewriteError(
@@ -196,12 +241,8 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         swap_in_node[swap.id] = in_node
         swap_nodes.append(SwapNodes(swap.id, swap.tensor, out_name, in_name))
 
-        old = _input_ref(producer, index)
         for consumer in swap.consumers:
-            node = nodes[consumer]
-            for i, ref in enumerate(node.input):
-                if ref == old or (index == 0 and ref == f"{producer}:0"):
-                    node.input[i] = in_name
+            _repoint(graph_def, nodes, nodes[consumer], (producer, index), in_name, k)
 
     for swap in plan.swaps:  # after the loop: a swap may wait for a later-listed one
         swap_in_node[swap.id].input.extend("^" + swap_out_name[w] for w in swap.in_wait_for)

@@ -35,3 +35,16 @@ def static_shapes(captured: CapturedFunction, graph_def) -> dict[str, tf.TensorS
         tf.graph_util.import_graph_def(graph_def, input_map=input_map, name="")
     return {t.name: t.shape for op in graph.get_operations()
             if not op.name.startswith("tfswap_shapes/") for t in op.outputs}
+
+
+def import_with_shapes(captured: CapturedFunction, graph_def) -> tf.Graph:
+    """``graph_def`` imported as is (same node names and inputs), every tensor's
+    static shape set from :func:`static_shapes`."""
+    shapes = static_shapes(captured, graph_def)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    for op in graph.get_operations():
+        for t in op.outputs:
+            t.set_shape(shapes[t.name])
+    return graph

@@ -1,0 +1,63 @@
+"""DeviceSpec presets, copy times, JSON and the cached host bandwidth (tfswap.core.devices)."""
+
+import json
+
+import pytest
+
+from tfswap.core import devices
+from tfswap.core.devices import GB, GiB, DeviceSpec, device_spec
+
+
+def test_v100_preset_is_the_papers_machine():
+    spec = device_spec("v100-16g-pcie3")
+    assert spec.memory_bytes == 16 * GiB
+    assert spec.h2d_bytes_per_s == spec.d2h_bytes_per_s == 12 * GB
+    assert spec.duplex_bytes_per_s == 20 * GB
+    assert spec.copy_time_s(12 * GB, "h2d") == pytest.approx(1.0)
+    # both directions busy: 10 GB/s each
+    assert spec.copy_time_s(10 * GB, "d2h", duplex=True) == pytest.approx(1.0)
+
+
+def test_newer_presets_have_more_memory_and_faster_links():
+    v100, a100, h100 = (device_spec(n) for n in ("v100-16g-pcie3", "a100-40g-pcie4",
+                                                  "h100-80g-pcie5"))
+    assert v100.memory_bytes < a100.memory_bytes < h100.memory_bytes
+    assert v100.h2d_bytes_per_s < a100.h2d_bytes_per_s < h100.h2d_bytes_per_s
+    assert v100.peak_flops < a100.peak_flops < h100.peak_flops
+
+
+def test_json_round_trip_and_passthrough():
+    spec = device_spec("a100-40g-pcie4")
+    assert DeviceSpec.from_json(spec.to_json()) == spec
+    assert device_spec(spec) is spec
+    assert devices.with_memory(spec, 8 * GiB).memory_bytes == 8 * GiB
+
+
+def test_bad_values_and_names_are_rejected():
+    with pytest.raises(ValueError, match="unknown device spec 'v200'"):
+        device_spec("v200")
+    with pytest.raises(ValueError, match="memory_bytes must be > 0"):
+        DeviceSpec("x", 0, 1.0, 1.0, 1.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="direction"):
+        device_spec("v100-16g-pcie3").copy_time_s(1, "sideways")
+
+
+def test_cpu_emulated_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def fake_measure(*args, **kwargs):
+        calls.append(1)
+        return 3.0e9
+
+    monkeypatch.setattr(devices, "measure_host_copy_bandwidth", fake_measure)
+    first = devices.cpu_emulated()
+    second = device_spec("cpu-emulated")
+    assert calls == [1]
+    assert first.h2d_bytes_per_s == second.d2h_bytes_per_s == 3.0e9
+    cached = json.loads((tmp_path / "tfswap" / "host_copy_bandwidth.json").read_text())
+    assert cached == {"bytes_per_s": 3.0e9}
+
+
+def test_host_copy_bandwidth_is_a_positive_rate():
+    assert devices.measure_host_copy_bandwidth(nbytes=1 << 20, repeats=2) > 0
