@@ -10,10 +10,13 @@ Example::
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import importlib.util
 import os
 import shlex
 import subprocess
+import threading
 from pathlib import Path
 
 # -ffp-contract=off: no fused multiply-add, so the native code does the same
@@ -50,3 +53,49 @@ def cache_path(tag: str, sources: list[Path], name: str) -> Path:
         digest.update(Path(src).read_bytes())
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return root / "tfswap" / f"{tag}-{digest.hexdigest()[:12]}" / name
+
+
+class NativeLibrary:
+    """One framework-free C++ library: the installed build if it matches its source,
+    else a copy compiled into the cache; loaded once, then ``configure``d (ctypes
+    signatures).
+
+    Example::
+
+        LIB = NativeLibrary(Path(__file__).with_name("x.cc"), "tfswap.core.native._x",
+                            "x", "libtfswap_x.so", configure=set_argtypes)
+        LIB.load().tfswap_x(...)
+    """
+
+    def __init__(self, source: Path, module: str, tag: str, filename: str, configure):
+        self.source, self.module, self.tag, self.filename = Path(source), module, tag, filename
+        self._configure = configure
+        self._lock = threading.Lock()
+        self._lib = None
+
+    def source_hash(self) -> str:
+        return hashlib.sha256(self.source.read_bytes()).hexdigest()[:12]
+
+    def installed(self) -> Path | None:
+        """The library ``pip install`` built, if it was built from this source."""
+        spec = importlib.util.find_spec(self.module)
+        if spec is None or spec.origin is None:
+            return None
+        path = Path(spec.origin)
+        stamp = path.with_name(path.name + ".srchash")
+        if not stamp.exists() or stamp.read_text().strip() != self.source_hash():
+            return None
+        return path
+
+    def load(self) -> ctypes.CDLL:
+        with self._lock:
+            if self._lib is None:
+                path = self.installed()
+                if path is None:
+                    path = cache_path(self.tag, [self.source], self.filename)
+                    if not path.exists():
+                        compile_shared([self.source], path)
+                lib = ctypes.CDLL(str(path))
+                self._configure(lib)
+                self._lib = lib
+            return self._lib

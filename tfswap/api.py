@@ -223,7 +223,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     no swaps and its report says so.
     """
     from tfswap.tf import capture as capture_mod
-    from tfswap.tf import ir, rewrite, runtime
+    from tfswap.tf import ir
 
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")

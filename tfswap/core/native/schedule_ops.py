@@ -15,55 +15,27 @@ Example::
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import importlib.util
-import threading
 from pathlib import Path
 
 import numpy as np
 
-from tfswap._native_build import cache_path, compile_shared
+from tfswap._native_build import NativeLibrary
 
-SOURCE = Path(__file__).resolve().parent / "schedule_ops.cc"
-LIBRARY_MODULE = "tfswap.core.native._schedule_ops"
-
-_lock = threading.Lock()
-_lib = None
-
-
-def source_hash() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+def _configure(lib: ctypes.CDLL) -> None:
+    p = ctypes.c_void_p
+    lib.tfswap_mutate_schedule.restype = ctypes.c_int
+    lib.tfswap_mutate_schedule.argtypes = [ctypes.c_int64, p, p, p, p, ctypes.c_double,
+                                           p, p, p]
 
 
-def _installed() -> Path | None:
-    spec = importlib.util.find_spec(LIBRARY_MODULE)
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin)
-    stamp = path.with_name(path.name + ".srchash")
-    if not stamp.exists() or stamp.read_text().strip() != source_hash():
-        return None
-    return path
+_LIBRARY = NativeLibrary(Path(__file__).resolve().parent / "schedule_ops.cc",
+                         "tfswap.core.native._schedule_ops", "schedule",
+                         "libtfswap_schedule.so", _configure)
 
 
 def library() -> ctypes.CDLL:
     """Load (once) the native library, compiling it into the cache if needed."""
-    global _lib
-    with _lock:
-        if _lib is not None:
-            return _lib
-        path = _installed()
-        if path is None:
-            path = cache_path("schedule", [SOURCE], "libtfswap_schedule.so")
-            if not path.exists():
-                compile_shared([SOURCE], path)
-        lib = ctypes.CDLL(str(path))
-        p = ctypes.c_void_p
-        lib.tfswap_mutate_schedule.restype = ctypes.c_int
-        lib.tfswap_mutate_schedule.argtypes = [ctypes.c_int64, p, p, p, p, ctypes.c_double,
-                                               p, p, p]
-        _lib = lib
-        return lib
+    return _LIBRARY.load()
 
 
 def _i64(a) -> np.ndarray:
