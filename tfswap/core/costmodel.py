@@ -48,6 +48,10 @@ FREE_OPS = frozenset({
     "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
     "PreventGradient", "EnsureShape", "Shape", "ShapeN", "Size", "Rank", "VariableShape",
     "ReadVariableOp", "VarHandleOp", "VarIsInitializedOp", "BroadcastGradientArgs",
+    # Grappler's memory optimiser turns a large AddN into an accumulator:
+    # TemporaryVariable (allocates), Assign, AssignAdd..., DestroyTemporaryVariable
+    # (hands the buffer on); the first and last move no data.
+    "TemporaryVariable", "DestroyTemporaryVariable",
 })
 REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "ArgMax", "ArgMin", "All", "Any",
                         "L2Loss", "BiasAddGrad", "EuclideanNorm"})
@@ -73,8 +77,11 @@ class OpCost:
 
 
 def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype``; a reference dtype (``float32_ref``, what
+    Grappler's accumulator ``TemporaryVariable`` holds) counts as its value dtype."""
+    base = dtype[:-len("_ref")] if dtype.endswith("_ref") else dtype
     try:
-        return DTYPE_BYTES[dtype]
+        return DTYPE_BYTES[base]
     except KeyError:
         raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}") from None
 
@@ -87,8 +94,17 @@ def _nbytes(sig: TensorSig) -> int:
     return _elements(sig[0]) * dtype_bytes(sig[1])
 
 
-def _base_type(op_type: str) -> str:
-    """Strip oneDNN / fusion prefixes and version suffixes: _MklFusedConv2D -> Conv2D."""
+def base_type(op_type: str) -> str:
+    """The op a fused, oneDNN or versioned type computes at its core.
+
+    Grappler's remapper and TF's oneDNN rewrite rename ops (``_FusedConv2D``
+    is Conv2D + BiasAdd (+ activation), ``_MklNativeConv2D`` a oneDNN
+    Conv2D); rules that mean "a convolution" should match them all::
+
+        base_type("_MklFusedConv2D")      # "Conv2D"
+        base_type("FusedBatchNormV3")     # "FusedBatchNorm"
+        base_type("Conv2DBackpropFilter") # "Conv2DBackpropFilter"
+    """
     t = op_type.lstrip("_")
     stripped = True
     while stripped:
@@ -146,7 +162,7 @@ def op_cost(op_type: str, attrs: Mapping, inputs: Sequence[TensorSig],
     out_elems = float(sum(_elements(s[0]) for s in outputs))
     if op_type in FREE_OPS:
         return OpCost(0.0, 0.0, "free")
-    base = _base_type(op_type)
+    base = base_type(op_type)
 
     if "Conv" in base and ("2D" in base or "3D" in base or "Depthwise" in base):
         depthwise = "Depthwise" in base
@@ -184,6 +200,10 @@ def op_cost(op_type: str, attrs: Mapping, inputs: Sequence[TensorSig],
         value = _nbytes(inputs[1]) if len(inputs) > 1 else 0
         return OpCost(float(_elements(inputs[1][0])) if len(inputs) > 1 else 0.0,
                       3.0 * value, "variable_update")
+    if base == "Assign":
+        # Reference assignment: reads the value, writes the referenced buffer.
+        value = _nbytes(inputs[1]) if len(inputs) > 1 else 0
+        return OpCost(0.0, 2.0 * value, "copy")
     if base in TRANSCENDENTAL:
         return OpCost(4.0 * out_elems, moved, "elementwise")
     if base == "BiasAdd" or (outputs and all(

@@ -8,6 +8,13 @@ To compute the same thing as the user's function, the graph that is planned,
 rewritten and run is therefore the one Grappler would have produced: fused
 kernels, folded constants, rewritten arithmetic and all.
 
+Functional control flow (While, If, Case and their stateless forms) stays
+one op: Grappler's function optimiser would lower it into v1 control flow
+(Enter/Exit/Switch/Merge/NextIteration), a cyclic graph that the planner,
+whose schedules are orders of a DAG, cannot take.  So for a graph holding
+such an op the function optimiser is off; every other pass runs as usual.
+The function runtime lowers the loop itself when it runs the step.
+
 Example::
 
     optimized = optimize(graph_def, fetches=("Identity:0",), keep_ops=("AssignVariableOp",),
@@ -16,10 +23,11 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 
 import tensorflow as tf
-from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
 from tensorflow.python.grappler import tf_optimizer
 
 
@@ -33,6 +41,38 @@ def default_device() -> str:
     return gpus[0].name if gpus else "/device:CPU:0"
 
 
+# Ops whose bodies are functions run by the op itself: lowering turns them
+# into v1 control flow (loops become cycles).
+FUNCTIONAL_CONTROL_FLOW = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
+                                     "StatelessCase", "_While", "_If"})
+
+
+def has_functional_control_flow(graph_def) -> bool:
+    """True if the graph, or a function its library defines, holds a While / If / Case.
+
+    The library counts too: Grappler's function optimiser inlines function
+    calls and would then lower the control flow inside them.
+
+    Example::
+
+        has_functional_control_flow(captured.graph_def)   # True for a tf.while_loop step
+    """
+    nodes = list(graph_def.node)
+    for fn in graph_def.library.function:
+        nodes.extend(fn.node_def)
+    return any(n.op in FUNCTIONAL_CONTROL_FLOW for n in nodes)
+
+
+def rewriter_config(graph_def) -> config_pb2.ConfigProto:
+    """Grappler's default passes, less the function optimiser where it would
+    lower functional control flow (see the module doc)."""
+    config = config_pb2.ConfigProto()
+    if has_functional_control_flow(graph_def):
+        config.graph_options.rewrite_options.function_optimization = \
+            rewriter_config_pb2.RewriterConfig.OFF
+    return config
+
+
 def optimize(graph_def, fetches: Iterable[str], keep_ops: Iterable[str],
              device: str) -> tf.compat.v1.GraphDef:
     """Run Grappler's default passes on ``graph_def`` as function instantiation would.
@@ -40,7 +80,8 @@ def optimize(graph_def, fetches: Iterable[str], keep_ops: Iterable[str],
     ``fetches``: output tensor names; ``keep_ops``: ops that must run though no
     fetch needs them (variable updates).  Placeholders keep their names, so
     feeds and captured variables map onto the result as onto the original.
-    Ops with no device get ``device``.
+    Ops with no device get ``device``.  Functional control flow is kept as
+    one op (:func:`rewriter_config`).
     """
     placed = tf.compat.v1.GraphDef()
     placed.CopyFrom(graph_def)
@@ -52,9 +93,56 @@ def optimize(graph_def, fetches: Iterable[str], keep_ops: Iterable[str],
     # Grappler preserves what the "train_op" collection names (its fetch set).
     targets = meta.collection_def["train_op"].node_list.value
     targets.extend(list(fetches) + list(keep_ops))
-    optimized = tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
+    optimized = tf_optimizer.OptimizeGraph(rewriter_config(placed), meta)
     _drop_control_edges_from_placeholders(optimized)
+    _rename_changed_functions(optimized, graph_def.library)
     return optimized
+
+
+def _rename_changed_functions(graph_def, original_library) -> None:
+    """Give every library function Grappler rewrote or created a name of its own.
+
+    Grappler optimises the bodies of library functions (a While's body and
+    condition) and keeps their names.  The user's function registers the
+    original definitions under those names in the eager context, and a
+    second, different definition under the same name is refused when the
+    captured graph is imported there.  The new name carries a digest of the
+    whole optimised library, so the same capture always gets the same names.
+    """
+    before = {f.signature.name: f.SerializeToString(deterministic=True)
+              for f in original_library.function}
+    changed = [f.signature.name for f in graph_def.library.function
+               if before.get(f.signature.name) != f.SerializeToString(deterministic=True)]
+    if not changed:
+        return
+    digest = hashlib.sha1(graph_def.library.SerializeToString(deterministic=True)).hexdigest()
+    renamed = {name: f"{name}_tfswap_{digest[:12]}" for name in changed}
+
+    def fix_attr(value) -> None:
+        if value.HasField("func"):
+            fix_func(value.func)
+        elif value.HasField("list"):
+            for fn in value.list.func:
+                fix_func(fn)
+
+    def fix_func(fn) -> None:
+        fn.name = renamed.get(fn.name, fn.name)
+        for value in fn.attr.values():
+            fix_attr(value)
+
+    def fix_nodes(nodes) -> None:
+        for node in nodes:
+            node.op = renamed.get(node.op, node.op)     # a direct call names its function
+            for value in node.attr.values():
+                fix_attr(value)
+
+    fix_nodes(graph_def.node)
+    for fn in graph_def.library.function:
+        fn.signature.name = renamed.get(fn.signature.name, fn.signature.name)
+        fix_nodes(fn.node_def)
+    for grad in graph_def.library.gradient:
+        grad.function_name = renamed.get(grad.function_name, grad.function_name)
+        grad.gradient_func = renamed.get(grad.gradient_func, grad.gradient_func)
 
 
 def _drop_control_edges_from_placeholders(graph_def) -> None:

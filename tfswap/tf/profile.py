@@ -42,7 +42,7 @@ from tfswap.tf import measure
 from tfswap.tf.shapes import import_with_shapes
 from tfswap.tf.capture import CapturedFunction
 from tfswap.tf.emulate import DEVICE
-from tfswap.tf.ir import VIEW_OPS, tensor_bytes
+from tfswap.tf.ir import REF_FORWARDING_OPS, VIEW_OPS, tensor_bytes
 from tfswap.tf.runtime import grappler_config
 
 
@@ -228,7 +228,7 @@ def _signature(tensors) -> list[tuple[tuple[int, ...], str]]:
 
 
 def _static_aliases(op: tf.Operation) -> tuple[tuple[int, int], ...]:
-    if op.type in VIEW_OPS:
+    if op.type in VIEW_OPS or op.type in REF_FORWARDING_OPS:
         return ((0, 0),)
     if op.type == "IdentityN":
         return tuple((k, k) for k in range(len(op.outputs)))
@@ -326,6 +326,8 @@ def _input_nodes(prefix: str, tensor: tf.Tensor, variables: dict, device: str,
             "container": attr_value_pb2.AttrValue(s=b""),
             "allowed_devices": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue())})
         return [handle]
+    if dtype._is_ref_dtype:
+        raise _Unisolable(f"input {tensor.name} refers to another op's buffer ({dtype.name})")
     if dtype in (tf.variant, tf.string) or not tensor.shape.is_fully_defined():
         raise _Unisolable(f"input {tensor.name} ({dtype.name}) cannot be synthesised")
     shape = tensor.shape.as_list()
