@@ -17,10 +17,11 @@ test: $(STAMP)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) setup.py $(wildcard tfswap/ops/*.cc tfswap/ops/*.h) tfswap/ops/build.py
+$(STAMP): $(PY) Makefile setup.py $(wildcard tfswap/ops/*.cc tfswap/ops/*.h tfswap/core/native/*.cc) tfswap/ops/build.py
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q "tensorflow-cpu>=2.21,<2.22" "numpy>=1.24" "deap>=1.4" \
-	    "pytest>=8" "hypothesis>=6"
+	    "pytest>=8" "hypothesis>=6" \
+	    "dask[distributed]>=2024.1"
 	$(PY) -m pip install -q --no-build-isolation -e .
 	touch $(STAMP)
 

@@ -136,7 +136,7 @@ def test_local_process_pool_gives_the_same_plan():
 
 
 def test_dask_local_cluster_gives_the_same_plan():
-    distributed = pytest.importorskip("distributed")
+    distributed = pytest.importorskip("distributed", reason="dask[distributed] is in the test extra and the Makefile; install it to test the distributed executor")
     local = run(workers=1)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, \
