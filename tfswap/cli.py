@@ -27,7 +27,7 @@ def demo(batch: int, swaps: int) -> int:
 
     step = zoo.cnn(batch=batch)
     captured = capture.capture(step.concrete_fn)
-    print(f"model: Keras CNN (3x Conv/BN/ReLU, Dense), Adam, batch {batch}, "
+    print(f"model: Keras CNN (10x Conv/BN/ReLU, Dense), Adam, batch {batch}, "
           f"{len(captured.graph_def.node)} graph nodes")
     quick = quickplan.heuristic_plan(captured, step.batch, swaps=swaps)
     rewritten = rewrite.rewrite(captured, quick.plan, emulate.DEVICE, emulate.HOST)

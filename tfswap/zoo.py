@@ -48,19 +48,22 @@ def _train_step(name, model, batch, loss_fn, learning_rate=1e-3):
 
 
 def cnn(batch: int = 32, image: int = 32, channels: int = 16, classes: int = 10,
-        seed: int = 0) -> TrainStep:
-    """Conv/BN/ReLU x3 -> pooling -> Dense, sparse cross-entropy, Adam."""
+        blocks: int = 10, seed: int = 0) -> TrainStep:
+    """Conv/BN/ReLU x ``blocks`` (the last at twice the channels) -> pooling -> Dense,
+    sparse cross-entropy, Adam."""
     import keras
 
+    if blocks < 1:
+        raise ValueError(f"blocks must be >= 1, got {blocks}")
     keras.utils.set_random_seed(seed)
     L = keras.layers
-    model = keras.Sequential([
-        keras.Input((image, image, 3)),
-        L.Conv2D(channels, 3, padding="same", use_bias=False), L.BatchNormalization(), L.ReLU(),
-        L.Conv2D(channels, 3, padding="same", use_bias=False), L.BatchNormalization(), L.ReLU(),
-        L.Conv2D(2 * channels, 3, padding="same", use_bias=False), L.BatchNormalization(), L.ReLU(),
-        L.GlobalAveragePooling2D(), L.Dense(classes),
-    ], name="cnn")
+    layers = [keras.Input((image, image, 3))]
+    for k in range(blocks):
+        width = channels
+        layers += [L.Conv2D(width, 3, padding="same", use_bias=False), L.BatchNormalization(),
+                   L.ReLU()]
+    model = keras.Sequential(layers + [L.GlobalAveragePooling2D(), L.Dense(classes)],
+                             name="cnn")
     rng = np.random.default_rng(seed)
     data = (rng.standard_normal((batch, image, image, 3), dtype=np.float32),
             rng.integers(0, classes, batch).astype(np.int32))

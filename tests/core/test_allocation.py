@@ -47,3 +47,16 @@ def test_bad_encodings_say_what_to_do():
         al.class_sizes((1, 2), (0,))
     with pytest.raises(ValueError, match="no size class holds"):
         al.size_class_of(al.from_encoding((1, 2), (0, 0), (3,)), 5)
+
+
+def test_fitting_classes_merges_neighbours_until_the_floor_fits():
+    import numpy as np
+    usage = np.array([[2, 0], [0, 2]])  # op 0: two 1-byte objects, op 1: two 2-byte
+    assert al.fitting_classes((1, 2), usage, (0, 0), budget_bytes=6) == (0, 1)  # 2 + 4 fits
+    assert al.fitting_classes((1, 2), usage, (0, 0), budget_bytes=5) == (0, 0)  # one 2-byte class: 4
+    # Nothing fits 1 byte: the lowest floor found comes back (merged: 2 * (2 + 3) = 10
+    # against 1 * 2 + 2 * (2 + 3) = 12) for the repair to reject with its message.
+    assert al.fitting_classes((1, 2), usage, (0, 3), budget_bytes=1) == (0, 0)
+    # A merge that raises the floor is not taken: one op uses both sizes at once.
+    assert al.fitting_classes((1, 2), np.array([[1, 1]]), (0, 0), budget_bytes=1) == (0, 1)
+    assert al.fitting_classes((), np.zeros((0, 0)), (), budget_bytes=0) == ()

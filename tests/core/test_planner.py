@@ -243,3 +243,20 @@ def test_eviction_heaps_choose_what_a_full_scan_chooses(seed, layered, n_ops, n_
     with mock.patch.object(planner._Scan, "_choose", choose_by_scanning):
         slow = plan()
     assert fast == slow
+
+
+def test_default_allocation_merges_classes_when_per_size_maxima_exceed_the_peak():
+    # Three ops in a chain, each with its own kernel scratch of a slightly
+    # different size: one class per size would hold all three scratch objects
+    # at once (the floor sums each class's maximum), far above the real peak.
+    from tfswap.core.graph import DataflowGraph, Op, Tensor
+    ops = [Op(f"op{i}", "Conv", inputs=(f"op{i - 1}:0",) if i else (), time_s=1e-3,
+              scratch_bytes=(20 + i) * MB) for i in range(3)]
+    tensors = [Tensor(f"op{i}:0", 2 * MB) for i in range(3)]
+    cg = CompiledGraph.build(DataflowGraph.build(ops, tensors))
+    order = cg.order_of(None)
+    peak = plan_swaps(DataflowGraph.build(ops, tensors), 1 << 40, SPEC).prediction.peak_bytes
+    assert peak < 30 * MB
+    alloc = default_allocation(cg, order, peak + MB)  # one class per size would need 60+ MB
+    assert alloc.pool_bytes + alloc.small_pool_bytes <= peak + MB
+    assert len(alloc.class_bytes) < len(cg.ts)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from tfswap.core.plan import Allocation
 
 
@@ -102,6 +104,58 @@ def repair_counts(class_bytes: Sequence[int], cnt: Sequence[int], budget_bytes: 
         for i in movable:
             cut = -(-excess // (m * class_bytes[i]))
             cnt[i] -= min(cut, cnt[i] - lo[i])
+
+
+def fitting_classes(ts: Sequence[int], usage: np.ndarray, pinned: Sequence[int],
+                    budget_bytes: int) -> tuple[int, ...]:
+    """A CLS whose floor fits ``budget_bytes``: one class per size, merged where needed.
+
+    The floor of an allocation is what every op needs at once: for each
+    class, the most objects of it one op uses (``usage``: ops x sizes, objects
+    of each size per op) plus the objects pinned for the whole step
+    (``pinned``, per size), times the class's object size.  Summed over
+    classes, these per-class maxima come from different ops, so with one class
+    per distinct size the floor can exceed the step's no-swap peak (a graph
+    with many sizes near each other).  Merging neighbouring classes lets ops
+    share objects: this greedily merges the adjacent pair that lowers the
+    floor most until it fits, and stops (returning the best found) when no
+    merge lowers it further; the caller's repair then reports that the budget
+    is too small.
+
+    Example::
+
+        ts = (1, 2)
+        usage = np.array([[2, 0], [0, 2]])   # op 0 uses two 1-byte, op 1 two 2-byte objects
+        fitting_classes(ts, usage, (0, 0), budget_bytes=6)   # (0, 0): one class of 2 bytes
+    """
+    sizes = np.asarray(ts, dtype=np.int64)
+    k = len(sizes)
+    if k == 0:
+        return ()
+    use = np.asarray(usage, dtype=np.int64).reshape(-1, k).copy()
+    pin = np.asarray(pinned, dtype=np.int64).copy()
+    need = (use.max(axis=0) if len(use) else np.zeros(k, np.int64)) + pin
+    top = sizes.copy()              # object size of each current class
+    first = np.arange(k)            # first size index of each current class
+    floor = int((top * need).sum())
+    while floor > budget_bytes and len(top) > 1:
+        pair = (use[:, :-1] + use[:, 1:]).max(axis=0) if len(use) else 0
+        merged_need = pair + pin[:-1] + pin[1:]
+        delta = top[1:] * merged_need - top[:-1] * need[:-1] - top[1:] * need[1:]
+        j = int(np.argmin(delta))
+        if delta[j] >= 0:
+            break
+        use[:, j] += use[:, j + 1]
+        use = np.delete(use, j + 1, axis=1)
+        pin[j] += pin[j + 1]
+        pin = np.delete(pin, j + 1)
+        need[j] = merged_need[j]
+        need = np.delete(need, j + 1)
+        top[j] = top[j + 1]
+        top = np.delete(top, j + 1)
+        first = np.delete(first, j + 1)
+        floor += int(delta[j])
+    return tuple(int(c) for c in np.searchsorted(first, np.arange(k), side="right") - 1)
 
 
 def from_encoding(ts: Sequence[int], cls: Sequence[int], cnt: Sequence[int],

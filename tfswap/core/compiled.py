@@ -242,18 +242,41 @@ class CompiledGraph:
             np.maximum.at(out, keys // (len(order) + 1), running)
         return out
 
-    def op_class_need(self, buf_class: np.ndarray, n_classes: int) -> np.ndarray:
-        """Most objects of each class one op uses at once (plus pinned persistent ones)."""
+    def _op_class_counts(self, buf_class: np.ndarray, n_classes: int):
+        """(op, class, objects) for every class an op uses: the keys of op_class_need."""
         ops = np.concatenate([np.repeat(np.arange(self.n_ops), np.diff(self.op_in_ptr)),
                               np.repeat(np.arange(self.n_ops), np.diff(self.op_out_ptr))])
         bufs = np.concatenate([self.op_in, self.op_out]).astype(np.int64)
-        need = np.zeros(n_classes, dtype=np.int64)
-        if len(bufs):
-            keys, counts = np.unique(ops * n_classes + buf_class[bufs], return_counts=True)
-            np.maximum.at(need, keys % n_classes, counts)
+        if not len(bufs):
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
+        keys, counts = np.unique(ops * n_classes + buf_class[bufs], return_counts=True)
+        return keys // n_classes, keys % n_classes, counts
+
+    def pinned_per_class(self, buf_class: np.ndarray, n_classes: int) -> np.ndarray:
+        """Objects of each class held for the whole step by pinned persistent buffers."""
         pinned_pers = (self.buf_pinned & self.buf_persistent).astype(bool)
-        need += np.bincount(buf_class[pinned_pers], minlength=n_classes)[:n_classes]
-        return need
+        return np.bincount(buf_class[pinned_pers], minlength=n_classes)[:n_classes]
+
+    def op_class_need(self, buf_class: np.ndarray, n_classes: int) -> np.ndarray:
+        """Most objects of each class one op uses at once (plus pinned persistent ones)."""
+        _, cls, counts = self._op_class_counts(buf_class, n_classes)
+        need = np.zeros(n_classes, dtype=np.int64)
+        np.maximum.at(need, cls, counts)
+        return need + self.pinned_per_class(buf_class, n_classes)
+
+    def op_size_usage(self) -> np.ndarray:
+        """Objects of each distinct size (column, index into ts) each op uses at once.
+
+        Dense int32 [ops that use pool buffers, len(ts)]: the input of
+        :func:`tfswap.core.allocation.fitting_classes`.
+        """
+        ops, sizes, counts = self._op_class_counts(self.buf_size_index.astype(np.int64),
+                                                   len(self.ts))
+        rows, row_of = np.unique(ops, return_inverse=True)
+        usage = np.zeros((len(rows), len(self.ts)), dtype=np.int32)
+        usage[row_of, sizes] = counts
+        return usage
 
     def small_pool_peak(self, order: np.ndarray) -> int:
         """Most small-pool bytes live at once under ``order`` (persistent: always)."""

@@ -53,7 +53,7 @@ from tfswap.core.evaluation import Evaluator
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.native import Evaluation, evaluate
 from tfswap.core.plan import Allocation, Plan
-from tfswap.core.planner import default_allocation, plan_swaps
+from tfswap.core.planner import default_allocation, default_classes, plan_swaps
 from tfswap.core.simulator import PlanError
 
 MODES = ("joint", "schedule", "allocation")
@@ -232,6 +232,16 @@ class _Problem:
         self.cg, self.dag, self.budget = cg, dag, int(budget_bytes)
         self.small = _SmallPool(cg)
         self._need: dict[tuple[int, ...], np.ndarray] = {}
+        self._default_cls: tuple[int, ...] | None = None
+
+    def default_cls(self, schedule: np.ndarray) -> tuple[int, ...]:
+        """The default allocation's CLS (one class per size unless the floor does
+        not fit), fixed by the first schedule asked about: the small pool it
+        leaves out of the budget barely moves between schedules."""
+        if self._default_cls is None:
+            pool = max(self.budget - self.small.peak(schedule), 0)
+            self._default_cls = default_classes(self.cg, pool)
+        return self._default_cls
 
     def need(self, cls: tuple[int, ...]) -> np.ndarray:
         """Most objects of each class one op uses at once (the repair's floor)."""
@@ -260,14 +270,13 @@ class _Problem:
         return Individual(schedule, cls, cnt, alloc)
 
     def default(self, schedule: np.ndarray) -> Individual:
-        """plan_swaps' allocation for ``schedule``: one class per size."""
+        """plan_swaps' allocation for ``schedule`` (CLS: :meth:`default_cls`)."""
+        cls = self.default_cls(schedule)
         try:
-            alloc = default_allocation(self.cg, schedule.astype(np.int32), self.budget)
+            alloc = default_allocation(self.cg, schedule.astype(np.int32), self.budget, cls)
         except ValueError:
-            cls = tuple(range(len(self.cg.ts)))
-            return Individual(schedule, cls, (0,) * len(cls), None)
-        return Individual(schedule, tuple(range(len(alloc.class_bytes))), alloc.class_count,
-                          alloc)
+            return Individual(schedule, cls, (0,) * (max(cls, default=-1) + 1), None)
+        return Individual(schedule, cls, alloc.class_count, alloc)
 
     def demand_counts(self, schedule: np.ndarray, cls: tuple[int, ...]) -> tuple[int, ...]:
         """Objects of each class live at once under ``schedule`` without swapping."""
@@ -321,6 +330,7 @@ def _initial_population(problem: _Problem, cfg: SearchConfig, default_order: np.
     population = [problem.default(b) for b in bases]
     population[0] = heuristic
     n_ts = len(problem.cg.ts)
+    start_cls = heuristic.cls
     k = 0
     while len(population) < cfg.population_size:
         base_order = bases[k % len(bases)]
@@ -330,7 +340,7 @@ def _initial_population(problem: _Problem, cfg: SearchConfig, default_order: np.
         if cfg.mode == "schedule" or n_ts == 0:
             population.append(problem.default(schedule))
             continue
-        cls = genetics.mutate_classes(tuple(range(n_ts)), float(rng.uniform(0.0, 1.0)), rng)
+        cls = genetics.mutate_classes(start_cls, float(rng.uniform(0.0, 1.0)), rng)
         population.append(problem.fit(schedule, cls, problem.demand_counts(schedule, cls)))
     return population
 
