@@ -116,3 +116,11 @@ def test_new_core_modules_import_no_tensorflow():
     code = ("import sys, tfswap.core.kinds, tfswap.core.costmodel, tfswap.core.profile, "
             "tfswap.core.liveness; assert 'tensorflow' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_sibling_readers_of_a_tensor_in_memory_share_one_read_per_fused_group():
+    assert costmodel.memory_reads("conv", ["reduction", "elementwise", "reduction",
+                                           "elementwise"]) == [True, True, False, False]
+    assert costmodel.memory_reads("conv", ["matmul", "matmul"]) == [True, True]
+    assert costmodel.memory_reads("elementwise", ["elementwise", "reduction"]) == [False, False]
+    assert costmodel.memory_reads("elementwise", ["matmul", "elementwise"]) == [True, True]

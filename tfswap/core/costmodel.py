@@ -224,6 +224,34 @@ def fusible_edge(producer_rule: str, consumer_rules: Sequence[str]) -> bool:
         r in ("elementwise", "reduction") for r in consumer_rules)
 
 
+def memory_reads(producer_rule: str, consumer_rules: Sequence[str]) -> list[bool]:
+    """Per consumer of one tensor, True if it reads the tensor from memory under a
+    loop-fusing compiler.
+
+    An elementwise result that only fusible ops read stays in registers
+    (:func:`fusible_edge`): nobody reads it.  Otherwise (e.g. a convolution's
+    output feeding batch norm) the tensor is in memory, but a compiler fuses
+    siblings that share an operand (XLA's multi-output fusion): the reductions
+    over it are one kernel and the elementwise ops on it are another, so each
+    of those two groups reads it once.  Any other consumer reads it itself.
+
+    Example::
+
+        memory_reads("conv", ["reduction", "elementwise", "reduction", "elementwise"])
+        # [True, True, False, False]
+    """
+    if fusible_edge(producer_rule, consumer_rules):
+        return [False] * len(consumer_rules)
+    seen: set[str] = set()
+    reads = []
+    for rule in consumer_rules:
+        sibling = rule in ("elementwise", "reduction")
+        reads.append(not sibling or rule not in seen)
+        if sibling:
+            seen.add(rule)
+    return reads
+
+
 def op_time_s(cost: OpCost, spec: DeviceSpec) -> float:
     """Roofline seconds of ``cost`` on ``spec`` (free ops: 0)."""
     if cost.rule == "free":

@@ -246,8 +246,9 @@ def analytic(captured: CapturedFunction, spec: str | DeviceSpec, graph_def=None,
     Every node gets the roofline time of :func:`tfswap.core.costmodel.op_cost`
     (ops outside its explicit rules get its documented default).  ``fusion``:
     price the step as a loop-fusing compiler (XLA) would run it, with
-    elementwise chains keeping their intermediates out of memory
-    (:func:`tfswap.core.costmodel.fusible_edge`); off by default, because
+    elementwise chains keeping their intermediates out of memory and sibling
+    readers of one tensor sharing a read (:func:`tfswap.core.costmodel.fusible_edge`,
+    :func:`tfswap.core.costmodel.memory_reads`); off by default, because
     TensorFlow without XLA runs every op as its own kernel.
     """
     spec = device_spec(spec)
@@ -259,16 +260,23 @@ def analytic(captured: CapturedFunction, spec: str | DeviceSpec, graph_def=None,
                   for op in operations}
     rules = {op.name: costmodel.op_cost(op.type, *signatures[op.name]).rule for op in operations}
 
-    def fused(tensor) -> bool:
+    def output_fused(tensor) -> bool:
         return fusion and costmodel.fusible_edge(
             rules[tensor.op.name], [rules[c.name] for c in tensor.consumers()])
+
+    def input_fused(tensor, reader) -> bool:
+        if not fusion:
+            return False
+        readers = tensor.consumers()
+        reads = costmodel.memory_reads(rules[tensor.op.name], [rules[c.name] for c in readers])
+        return not reads[next(k for k, c in enumerate(readers) if c.name == reader.name)]
 
     ops = []
     for op in operations:
         attrs, ins, outs = signatures[op.name]
         cost = costmodel.op_cost(op.type, attrs, ins, outs,
-                                 fused_inputs=[fused(t) for t in op.inputs],
-                                 fused_outputs=[fused(t) for t in op.outputs])
+                                 fused_inputs=[input_fused(t, op) for t in op.inputs],
+                                 fused_outputs=[output_fused(t) for t in op.outputs])
         ops.append(OpProfile(name=op.name, type=op.type, time_s=costmodel.op_time_s(cost, spec),
                              output_bytes=_output_nbytes(op), aliases=_static_aliases(op),
                              source="analytic"))
