@@ -5,8 +5,12 @@
 On the emulated device (CPU:0 plays the device, CPU:1 the host), for each model
 and each budget (a fraction of the unmodified step's measured device peak):
 plan with the genetic search, run the rewritten step, and print the measured
-peak against the budget, whether 3 training steps give the same losses and
-weights as the user's function, and the simulated step time of the GA's plan
+peak against the budget; after 3 training steps, how far losses and weights
+are from (a) the captured graph run unmodified by the same runtime (the rewrite
+adds swaps and control edges only, so this should be 0) and (b) the user's
+function, next to that function's own sensitivity (its result on inputs
+perturbed by 1e-7 relative: ResNet-50's gradients move by ~2% under that, so
+no float32 rewrite can match it closer); and the simulated step time of the GA's plan
 against the best single heuristic plan (the planner on TF's default order with
 one size class per distinct size).  Where a budget is below the step's minimum
 working set, the smallest budget tfswap reports feasible is used instead and
@@ -28,12 +32,14 @@ emulate.setup()
 import tfswap  # noqa: E402
 from tfswap import zoo  # noqa: E402
 from tfswap.core.budget import BudgetError  # noqa: E402
-from tfswap.tf import capture, measure  # noqa: E402
-from tests.tf.equality import RTOL, run_steps, worst_relative_difference  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tfswap.tf import capture, measure, runtime  # noqa: E402
+from tests.tf.equality import run_steps, worst_relative_difference  # noqa: E402
 
 # Sizes that run in seconds per step on a 2-core CPU.
 MODELS = {
-    "resnet50": lambda: zoo.resnet50(batch=8, image=64),
+    "resnet50": lambda: zoo.resnet50(batch=16, image=128),
     "bert": lambda: zoo.bert(batch=4, seq=64, dim=128, layers=2),
     "lstm4": lambda: zoo.lstm(batch=16, steps=24, features=32, units=64, layers=4),
 }
@@ -55,6 +61,28 @@ def optimize_at(step, budget: int, generations: int):
                                workers=1, inputs=step.batch), smallest, why
 
 
+def distance(reference, candidate, variables, batch) -> float:
+    """Worst of the losses' and the variables' relative differences after 3 steps."""
+    initial = [v.numpy() for v in variables]
+    ref_losses, ref_vars = run_steps(reference, variables, initial, batch)
+    losses, got_vars = run_steps(candidate, variables, initial, batch)
+    for v, x in zip(variables, initial):
+        v.assign(x)
+    worst, _ = worst_relative_difference(ref_vars, got_vars, variables)
+    return max([worst] + [abs(a - b) / max(1.0, abs(a)) for a, b in zip(ref_losses, losses)])
+
+
+def sensitivity(step, variables) -> float:
+    """How far the user's own function moves when its float inputs move by 1e-7."""
+    rng = np.random.default_rng(1)
+    nudged = tuple((x * (1 + 1e-7 * rng.standard_normal(x.shape))).astype(x.dtype)
+                   if np.issubdtype(x.dtype, np.floating) else x for x in step.batch)
+    if all(a is b for a, b in zip(nudged, step.batch)):
+        return 0.0   # integer inputs only (token ids): nothing to nudge
+    return distance(lambda *a: step.concrete_fn(*step.batch),
+                    lambda *a: step.concrete_fn(*nudged), variables, step.batch)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,13 +91,15 @@ def main():
     parser.add_argument("--generations", type=int, default=30)
     args = parser.parse_args()
     print("| model | budget asked | budget used | unmodified peak (B) | rewritten peak (B) "
-          "| swaps | same training (worst rel. diff) | GA sim (ms) | heuristic sim (ms) "
-          "| plan+verify (s) | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| swaps | diff vs captured graph | diff vs user fn / its sensitivity "
+          "| GA sim (ms) | heuristic sim (ms) | plan+verify (s) | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         step = MODELS[name]()
         captured = capture.capture(step.concrete_fn)
         base = measure.measure(captured, captured.graph_def, step.batch, inter_op_threads=1)
+        unmodified = runtime.bind(captured, captured.graph_def)
+        noise = sensitivity(step, captured.variables)
         for fraction in (float(f) for f in args.fractions.split(",")):
             asked = int(fraction * base.peak_bytes)
             t0 = time.perf_counter()
@@ -77,22 +107,16 @@ def main():
             seconds = time.perf_counter() - t0
             after = measure.measure(fast.captured, fast.graph_def, step.batch)
             variables = fast.captured.variables
-            initial = [v.numpy() for v in variables]
-            ref_losses, ref_vars = run_steps(step.concrete_fn, variables, initial, step.batch)
-            losses, got_vars = run_steps(fast, variables, initial, step.batch)
-            for v, x in zip(variables, initial):
-                v.assign(x)
-            worst, _ = worst_relative_difference(ref_vars, got_vars, variables)
-            same = worst <= RTOL and all(abs(a - b) <= RTOL * max(1.0, abs(a))
-                                         for a, b in zip(ref_losses, losses))
+            exact = distance(unmodified, fast, variables, step.batch)
+            user = distance(step.concrete_fn, fast, variables, step.batch)
             s = fast.search
             ga = fast.plan.prediction.step_time_s
             heur = s.heuristic_time_s if s is not None else ga
-            ok = after.peak_bytes <= used
+            over = "" if after.peak_bytes <= used else " OVER"
             print(f"| {name} | {fraction:.0%} ({asked}) | {used} | {base.peak_bytes} "
-                  f"| {after.peak_bytes}{'' if ok else ' OVER'} | {len(fast.plan.swaps)} "
-                  f"| {'yes' if same else 'NO'} ({worst:.1e}) | {ga * 1e3:.2f} "
-                  f"| {heur * 1e3:.2f} | {seconds:.1f} | {why} |", flush=True)
+                  f"| {after.peak_bytes}{over} | {len(fast.plan.swaps)} | {exact:.1e} "
+                  f"| {user:.1e} / {noise:.1e} | {ga * 1e3:.2f} | {heur * 1e3:.2f} "
+                  f"| {seconds:.1f} | {why} |", flush=True)
 
 
 if __name__ == "__main__":
