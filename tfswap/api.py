@@ -185,6 +185,35 @@ def pin_parameters(graph: DataflowGraph, resident) -> DataflowGraph:
         [dataclasses.replace(t, producer=-1, consumers=()) for t in tensors])
 
 
+def _small_threshold(step_peak_bytes: int) -> int:
+    """Default small-tensor threshold: 1/1024 of the step's no-swap peak, 4 KiB to 1 MiB."""
+    return int(min(1 << 20, max(4 << 10, step_peak_bytes // 1024)))
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """The lowered step as the planner sees it, at one small-tensor threshold."""
+
+    lowered: Any
+    graph: DataflowGraph
+    keep: tuple[str, ...]
+    schedule: tuple[str, ...]
+    small: int
+    unconstrained: Plan   # TF's order, no memory limit
+
+    @classmethod
+    def lower(cls, captured, prof, spec: DeviceSpec, small: int) -> "_Stage":
+        from tfswap.tf import ir
+
+        lowered = ir.lower(captured, prof, small_bytes=small)
+        graph = pin_parameters(lowered.graph, lowered.resident)
+        keep = tuple(lowered.fetches) + tuple(lowered.assigned)
+        schedule = tuple(lowered.schedule())
+        unconstrained = plan_swaps(graph, 1 << 62, spec, schedule=schedule, keep=keep,
+                                   small_threshold_bytes=small)
+        return cls(lowered, graph, keep, schedule, small, unconstrained)
+
+
 def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str | None = None,
              device_spec: str | DeviceSpec | None = None, profile: str = "auto",
              search_time: float = 60.0, generations: int | None = None, seed: int = 0,
@@ -213,9 +242,10 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     ``safety_margin``: fraction of the budget kept free for what the memory
     model does not see (kernel workspaces TF allocates outside the profile).
     ``small_tensor_bytes``: tensors below this live in a small pool and are
-    never swapped (default: budget / 1024, between 4 KiB and 1 MiB, so that
-    small models still have tensors worth moving).  ``verify_rounds``: where
-    the device's peak can be measured (the emulated device), the rewritten
+    never swapped (default: 1/1024 of the step's no-swap device peak, between
+    4 KiB and 1 MiB, so that small models still have tensors worth moving).
+    ``verify_rounds``: where the device's peak can be measured (the emulated
+    device), the rewritten
     step is run once and, if it needs more than the budget, planned again
     with the excess taken off, up to this many times (0: trust the model).
 
@@ -223,7 +253,6 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     no swaps and its report says so.
     """
     from tfswap.tf import capture as capture_mod
-    from tfswap.tf import ir
 
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
@@ -236,23 +265,28 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     spec = _spec_for(device_spec, device)
     budget = parse_budget(memory_budget, spec.memory_bytes)
 
-    if small_tensor_bytes is None:
-        small_tensor_bytes = int(min(1 << 20, max(4 << 10, budget // 1024)))
-    elif isinstance(small_tensor_bytes, bool) or not isinstance(small_tensor_bytes, int) \
-            or small_tensor_bytes < 0:
+    if small_tensor_bytes is not None and (isinstance(small_tensor_bytes, bool) or not
+                                           isinstance(small_tensor_bytes, int)
+                                           or small_tensor_bytes < 0):
         raise ValueError(f"small_tensor_bytes must be an int >= 0 (bytes), got "
                          f"{small_tensor_bytes!r}")
     started = time.perf_counter()
     prof = _profile(captured, profile, spec, inputs, device, seed)
-    lowered = ir.lower(captured, prof, small_bytes=small_tensor_bytes)
-    graph = pin_parameters(lowered.graph, lowered.resident)
-    keep = tuple(lowered.fetches) + tuple(lowered.assigned)
-    schedule = lowered.schedule()
+    if small_tensor_bytes is not None:
+        stage = _Stage.lower(captured, prof, spec, small_tensor_bytes)
+    else:
+        # From the step, not the budget: a budget-dependent threshold would
+        # make the smallest feasible budget a BudgetError names infeasible
+        # again when passed back (other tensors become small).
+        stage = _Stage.lower(captured, prof, spec, _small_threshold(prof.peak_bytes or 0))
+        wanted = _small_threshold(stage.unconstrained.prediction.peak_bytes)
+        if not prof.peak_bytes and wanted != stage.small:
+            stage = _Stage.lower(captured, prof, spec, wanted)
+    lowered, graph, keep, schedule = stage.lowered, stage.graph, stage.keep, stage.schedule
+    small_tensor_bytes, unconstrained = stage.small, stage.unconstrained
     planner_budget, outside = _planner_budget(budget, lowered, safety_margin)
     notes = [f"profile: {prof.source}, {time.perf_counter() - started:.1f} s"]
 
-    unconstrained = plan_swaps(graph, 1 << 62, spec, schedule=schedule, keep=keep,
-                               small_threshold_bytes=small_tensor_bytes)
     if unconstrained.prediction.peak_bytes <= planner_budget:
         notes.append("the step already fits the budget: no swaps")
         plan = _finish(dataclasses.replace(unconstrained, planner="tfswap.no-swap"), budget,
