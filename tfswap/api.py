@@ -81,37 +81,59 @@ class OptimizedFunction:
     def graph(self) -> DataflowGraph:
         return self.lowered.graph
 
+    @property
+    def keep(self) -> tuple[str, ...]:
+        """Tensors live to the end of the step (outputs, assigned variables)."""
+        return tuple(self.lowered.fetches) + tuple(self.lowered.assigned)
+
     def report(self) -> str:
-        """A readable summary: budget, predicted peak and time against ideal, swaps."""
-        p, pred = self.plan, self.plan.prediction
-        kinds: dict[str, int] = {}
-        for s in p.swaps:
-            kinds[s.kind] = kinds.get(s.kind, 0) + 1
+        """A readable table: budget, predicted peak and time against ideal, swaps, search.
+
+        Example::
+
+            print(fast.report())
+        """
+        from tfswap import report
+
         name = self.captured.name
         name = name.decode() if isinstance(name, bytes) else name
-        lines = [f"tfswap plan {p.id} ({p.planner}) for {name} on {self.device}",
-                 f"  budget            {_mib(self.budget_bytes)}  (device spec {self.spec.name})"]
-        if pred.peak_bytes is not None:
-            lines.append(f"  predicted peak    {_mib(pred.peak_bytes)}")
-        if pred.step_time_s is not None and pred.ideal_time_s:
-            lines.append(f"  predicted time    {pred.step_time_s * 1e3:.2f} ms "
-                         f"({pred.step_time_s / pred.ideal_time_s:.3f} x ideal "
-                         f"{pred.ideal_time_s * 1e3:.2f} ms)")
-        lines.append(f"  swaps             {len(p.swaps)} "
-                     f"({', '.join(f'{n} {k}' for k, n in sorted(kinds.items())) or 'none'})")
-        if pred.swap_out_bytes is not None:
-            lines.append(f"  device -> host    {_mib(pred.swap_out_bytes or 0)}")
-            lines.append(f"  host -> device    {_mib(pred.swap_in_bytes or 0)}")
-        if self.search is not None:
-            s = self.search
-            lines.append(f"  search            {s.generations} generations, {s.evaluations} "
-                         f"simulations, stopped on {s.stopped_because}; heuristic plan "
-                         f"{s.heuristic_time_s * 1e3:.2f} ms")
-        if self.measured_peak_bytes is not None:
-            lines.append(f"  measured peak     {_mib(self.measured_peak_bytes)} "
-                         "(emulated device, verified)")
-        lines.extend(f"  note: {n}" for n in self.notes)
-        return "\n".join(lines)
+        return report.summary(
+            self.plan, search=self.search, graph=self.graph,
+            title=f"tfswap plan {self.plan.id} ({self.plan.planner}) for {name} on "
+                  f"{self.device} (device spec {self.spec.name})",
+            budget_bytes=self.budget_bytes, measured_peak_bytes=self.measured_peak_bytes,
+            notes=self.notes)
+
+    def timeline(self):
+        """The plan simulated on this step's graph: :class:`tfswap.report.Timeline`."""
+        from tfswap import report
+
+        return report.simulate_timeline(pin_parameters(self.graph, self.lowered.resident),
+                                        self.plan, self.spec, keep=self.keep)
+
+    def to_chrome_trace(self, path: str | Path) -> Path:
+        """Write the simulated step (compute, H2D, D2H tracks, device memory) as a
+        Chrome trace; open it in ui.perfetto.dev or chrome://tracing.
+
+        Example::
+
+            fast.to_chrome_trace("step.trace.json")
+        """
+        from tfswap import report
+
+        return report.write_chrome_trace(path, self.timeline())
+
+    def plot_memory(self, path: str | Path) -> Path:
+        """Write a PNG of simulated device memory over the step against the budget.
+        Needs matplotlib (``pip install tfswap[plot]``).
+
+        Example::
+
+            fast.plot_memory("step.memory.png")
+        """
+        from tfswap import report
+
+        return report.plot_memory(path, self.timeline(), budget_bytes=self.budget_bytes)
 
 
 def _mib(nbytes: int) -> str:
