@@ -25,6 +25,7 @@ import numpy as np
 
 from tfswap.core import search as ga
 from tfswap.core.budget import BudgetError, parse_budget
+from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec, cpu_emulated, device_spec as resolve_spec
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.plan import Plan, Prediction
@@ -297,8 +298,9 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
                                       small_tensor_bytes)
             raise BudgetError(
                 f"memory_budget {memory_budget!r} ({budget} bytes) is below what this step "
-                f"needs at once: {err}. The smallest budget that can work is about {minimum} "
-                "bytes.") from err
+                f"needs at once: {_working_set_text(graph, schedule, keep, small_tensor_bytes)}"
+                f". The smallest budget that can work is about {minimum} bytes "
+                f"({minimum / 2**20:.2f} MiB); pass at least that. (Planner: {err})") from err
         plan = _finish(result.plan, budget, captured, lowered, outside)
         optimized = _bind(captured, lowered, plan, spec, budget, device, host, result, prof,
                           notes)
@@ -388,6 +390,19 @@ def _minimum_budget(graph, spec, schedule, keep, outside, safety_margin, small) 
         except (ValueError, InfeasibleAllocation):
             lo = mid
     return int((hi + outside) / (1.0 - safety_margin)) + 1
+
+
+def _working_set_text(graph, schedule, keep, small) -> str:
+    """Which op needs the most device memory at once, and what else is always there."""
+    cg = CompiledGraph.build(graph, small, keep)
+    per_op = cg.op_working_set()
+    k = int(np.argmax(per_op))
+    op = graph.ops[k]
+    pinned = int(cg.buf_bytes[(cg.buf_pinned & cg.buf_persistent).astype(bool)].sum())
+    small_peak = cg.small_pool_peak(cg.order_of(schedule))
+    return (f"op {op.name!r} ({op.type}) needs {int(per_op[k])} bytes at once for its inputs, "
+            f"outputs and scratch, while the parameters that stay on the device take {pinned} "
+            f"bytes and small tensors up to {small_peak} bytes")
 
 
 def _tensor_swaps(plan: Plan, graph: DataflowGraph) -> Plan:
