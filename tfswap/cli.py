@@ -115,8 +115,12 @@ def demo(args) -> int:
     print(f"unmodified step needs {_mib(before.peak_bytes)} of device memory; "
           f"budget {_mib(budget)} ({args.fraction:.0%})")
     print(f"planning: genetic search, {args.generations} generations ...", flush=True)
-    fast = tfswap.optimize(step.concrete_fn, budget, generations=args.generations,
-                           seed=args.seed, workers=1, inputs=step.batch)
+    try:
+        fast = tfswap.optimize(step.concrete_fn, budget, generations=args.generations,
+                               seed=args.seed, workers=1, inputs=step.batch)
+    except tfswap.BudgetError as err:
+        print(f"tfswap demo: {err} (try a larger --fraction or --batch)", file=sys.stderr)
+        return 1
     print(fast.report())
 
     variables = captured.variables
@@ -131,9 +135,10 @@ def demo(args) -> int:
                 / max(1.0, float(np.linalg.norm(a.astype(np.float64))))
                 for a, b in zip(results[0][1], results[1][1]))
     same_losses = results[0][0] == results[1][0]
+    weights = "bit-identical" if worst == 0 else f"within {worst:.2g} of their norm"
     print(f"3 training steps: losses {results[1][0]} -- "
           f"{'identical to' if same_losses else 'DIFFERENT from'} the unmodified tf.function; "
-          f"weights differ by at most {worst:.2g} of their norm")
+          f"weights {weights}")
 
     after = measure.measure(captured, fast.graph_def, step.batch)
     saved = before.peak_bytes - after.peak_bytes
