@@ -28,7 +28,7 @@ from tfswap.core.budget import BudgetError, parse_budget
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec, cpu_emulated, device_spec as resolve_spec
 from tfswap.core.graph import DataflowGraph
-from tfswap.core.plan import Plan, Prediction
+from tfswap.core.plan import Plan, PlanFormatError, Prediction
 from tfswap.core.planner import InfeasibleAllocation, plan_swaps
 
 PROFILES = ("auto", "trace", "isolated", "analytic")
@@ -36,6 +36,10 @@ PROFILES = ("auto", "trace", "isolated", "analytic")
 
 class PlanMismatchError(ValueError):
     """A saved plan was made for a different graph than the one given."""
+
+
+class NoDeviceError(RuntimeError):
+    """Neither a GPU nor the emulated device is there to run the step on."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,7 @@ def _placement(device: str | None, host: str | None) -> tuple[str, str]:
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
         return gpus[0].name, "/device:CPU:0"
-    raise RuntimeError(
+    raise NoDeviceError(
         "tfswap found no GPU and the emulated device is not set up. On a machine without "
         "a GPU call tfswap.tf.emulate.setup() before TensorFlow creates its devices (before "
         "building models), or pass device= and host= explicitly.")
@@ -268,6 +272,8 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     started = time.perf_counter()
     prof = _profile(captured, profile, spec, inputs, device, seed)
     lowered = ir.lower(captured, prof, small_bytes=small_tensor_bytes)
+    if prof.source != "trace":
+        _refuse_unsized(captured, lowered, prof.source)
     graph = pin_parameters(lowered.graph, lowered.resident)
     keep = tuple(lowered.fetches) + tuple(lowered.assigned)
     schedule = lowered.schedule()
@@ -324,6 +330,29 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     raise BudgetError(
         f"after {verify_rounds} re-plans the measured peak ({measured.peak_bytes} B) still "
         f"exceeds memory_budget {budget} B; raise the budget or the safety_margin")
+
+
+def _refuse_unsized(captured, lowered, source: str) -> None:
+    """Refuse tensors whose size only the running step knows (e.g. a boolean_mask's
+    output): a profile that does not run the whole step would count them as 0 bytes."""
+    from tfswap.tf import capture as capture_mod
+    from tfswap.tf.shapes import import_with_shapes
+
+    import tensorflow as tf
+
+    unsized = {t.name for t in lowered.graph.tensors if t.nbytes == 0}
+    found = [f"{t.name} (shape {t.shape})"
+             for op in import_with_shapes(captured, captured.graph_def).get_operations()
+             for t in op.outputs
+             if t.name in unsized and not t.shape.is_fully_defined()
+             and t.dtype not in (tf.resource, tf.variant, tf.string)]
+    if found:
+        raise capture_mod.CaptureError(
+            f"{len(found)} tensor(s) of this step have unknown dimensions, so the {source} "
+            f"profile cannot count their bytes: {', '.join(found[:3])}"
+            f"{' ...' if len(found) > 3 else ''}. Use profile='trace' (it runs the step once "
+            "and measures every tensor; the sizes must not change between steps), or make "
+            "the shapes static (e.g. multiply by a mask instead of tf.boolean_mask).")
 
 
 def _measurable(device: str) -> bool:
@@ -467,7 +496,10 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
     from tfswap.tf import capture as capture_mod
     from tfswap.tf import ir
 
-    plan = Plan.load(path)
+    try:
+        plan = Plan.load(path)
+    except PlanFormatError as err:
+        raise PlanFormatError(f"{path}: {err}") from err
     device, host = _placement(device, host)
     captured = capture_mod.capture(concrete_fn, device=device)
     found = capture_mod.fingerprint(captured)
@@ -483,4 +515,4 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
                  [f"plan loaded from {path}"])
 
 
-__all__ = ["OptimizedFunction", "PlanMismatchError", "load_plan", "optimize", "pin_parameters"]
+__all__ = ["NoDeviceError", "OptimizedFunction", "PlanMismatchError", "load_plan", "optimize", "pin_parameters"]
