@@ -75,6 +75,8 @@ setup(
         "cpu": ["tensorflow-cpu>=2.21,<2.22"],
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         "test": ["pytest>=8", "hypothesis>=6", "dask[distributed]"],
+        "plot": ["matplotlib>=3.7"],   # plan.plot_memory / the demo's memory picture
     },
+    entry_points={"console_scripts": ["tfswap = tfswap.cli:main"]},
     zip_safe=False,
 )

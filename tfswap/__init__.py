@@ -10,10 +10,10 @@ Example::
     fast(x, y)
 """
 
-from tfswap.api import OptimizedFunction, PlanMismatchError, load_plan, optimize
+from tfswap.api import NoDeviceError, OptimizedFunction, PlanMismatchError, load_plan, optimize
 from tfswap.core.budget import BudgetError
 from tfswap.core.plan import Plan, Prediction, Swap
 
 __version__ = "0.1.0"
-__all__ = ["BudgetError", "OptimizedFunction", "Plan", "PlanMismatchError", "Prediction", "Swap",
-           "load_plan", "optimize", "__version__"]
+__all__ = ["BudgetError", "NoDeviceError", "OptimizedFunction", "Plan", "PlanMismatchError",
+           "Prediction", "Swap", "load_plan", "optimize", "__version__"]

@@ -25,9 +25,10 @@ import numpy as np
 
 from tfswap.core import search as ga
 from tfswap.core.budget import BudgetError, parse_budget
+from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec, cpu_emulated, device_spec as resolve_spec
 from tfswap.core.graph import DataflowGraph
-from tfswap.core.plan import Plan, Prediction
+from tfswap.core.plan import Plan, PlanFormatError, Prediction
 from tfswap.core.planner import InfeasibleAllocation, plan_swaps
 
 PROFILES = ("auto", "trace", "isolated", "analytic")
@@ -35,6 +36,10 @@ PROFILES = ("auto", "trace", "isolated", "analytic")
 
 class PlanMismatchError(ValueError):
     """A saved plan was made for a different graph than the one given."""
+
+
+class NoDeviceError(RuntimeError):
+    """Neither a GPU nor the emulated device is there to run the step on."""
 
 
 @dataclass(frozen=True)
@@ -81,37 +86,59 @@ class OptimizedFunction:
     def graph(self) -> DataflowGraph:
         return self.lowered.graph
 
+    @property
+    def keep(self) -> tuple[str, ...]:
+        """Tensors live to the end of the step (outputs, assigned variables)."""
+        return tuple(self.lowered.fetches) + tuple(self.lowered.assigned)
+
     def report(self) -> str:
-        """A readable summary: budget, predicted peak and time against ideal, swaps."""
-        p, pred = self.plan, self.plan.prediction
-        kinds: dict[str, int] = {}
-        for s in p.swaps:
-            kinds[s.kind] = kinds.get(s.kind, 0) + 1
+        """A readable table: budget, predicted peak and time against ideal, swaps, search.
+
+        Example::
+
+            print(fast.report())
+        """
+        from tfswap import report
+
         name = self.captured.name
         name = name.decode() if isinstance(name, bytes) else name
-        lines = [f"tfswap plan {p.id} ({p.planner}) for {name} on {self.device}",
-                 f"  budget            {_mib(self.budget_bytes)}  (device spec {self.spec.name})"]
-        if pred.peak_bytes is not None:
-            lines.append(f"  predicted peak    {_mib(pred.peak_bytes)}")
-        if pred.step_time_s is not None and pred.ideal_time_s:
-            lines.append(f"  predicted time    {pred.step_time_s * 1e3:.2f} ms "
-                         f"({pred.step_time_s / pred.ideal_time_s:.3f} x ideal "
-                         f"{pred.ideal_time_s * 1e3:.2f} ms)")
-        lines.append(f"  swaps             {len(p.swaps)} "
-                     f"({', '.join(f'{n} {k}' for k, n in sorted(kinds.items())) or 'none'})")
-        if pred.swap_out_bytes is not None:
-            lines.append(f"  device -> host    {_mib(pred.swap_out_bytes or 0)}")
-            lines.append(f"  host -> device    {_mib(pred.swap_in_bytes or 0)}")
-        if self.search is not None:
-            s = self.search
-            lines.append(f"  search            {s.generations} generations, {s.evaluations} "
-                         f"simulations, stopped on {s.stopped_because}; heuristic plan "
-                         f"{s.heuristic_time_s * 1e3:.2f} ms")
-        if self.measured_peak_bytes is not None:
-            lines.append(f"  measured peak     {_mib(self.measured_peak_bytes)} "
-                         "(emulated device, verified)")
-        lines.extend(f"  note: {n}" for n in self.notes)
-        return "\n".join(lines)
+        return report.summary(
+            self.plan, search=self.search, graph=self.graph,
+            title=f"tfswap plan {self.plan.id} ({self.plan.planner}) for {name} on "
+                  f"{self.device} (device spec {self.spec.name})",
+            budget_bytes=self.budget_bytes, measured_peak_bytes=self.measured_peak_bytes,
+            notes=self.notes)
+
+    def timeline(self):
+        """The plan simulated on this step's graph: :class:`tfswap.report.Timeline`."""
+        from tfswap import report
+
+        return report.simulate_timeline(pin_parameters(self.graph, self.lowered.resident),
+                                        self.plan, self.spec, keep=self.keep)
+
+    def to_chrome_trace(self, path: str | Path) -> Path:
+        """Write the simulated step (compute, H2D, D2H tracks, device memory) as a
+        Chrome trace; open it in ui.perfetto.dev or chrome://tracing.
+
+        Example::
+
+            fast.to_chrome_trace("step.trace.json")
+        """
+        from tfswap import report
+
+        return report.write_chrome_trace(path, self.timeline())
+
+    def plot_memory(self, path: str | Path) -> Path:
+        """Write a PNG of simulated device memory over the step against the budget.
+        Needs matplotlib (``pip install tfswap[plot]``).
+
+        Example::
+
+            fast.plot_memory("step.memory.png")
+        """
+        from tfswap import report
+
+        return report.plot_memory(path, self.timeline(), budget_bytes=self.budget_bytes)
 
 
 def _mib(nbytes: int) -> str:
@@ -133,7 +160,7 @@ def _placement(device: str | None, host: str | None) -> tuple[str, str]:
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
         return gpus[0].name, "/device:CPU:0"
-    raise RuntimeError(
+    raise NoDeviceError(
         "tfswap found no GPU and the emulated device is not set up. On a machine without "
         "a GPU call tfswap.tf.emulate.setup() before TensorFlow creates its devices (before "
         "building models), or pass device= and host= explicitly.")
@@ -284,6 +311,8 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
             stage = _Stage.lower(captured, prof, spec, wanted)
     lowered, graph, keep, schedule = stage.lowered, stage.graph, stage.keep, stage.schedule
     small_tensor_bytes, unconstrained = stage.small, stage.unconstrained
+    if prof.source != "trace":
+        _refuse_unsized(captured, lowered, prof.source)
     planner_budget, outside = _planner_budget(budget, lowered, safety_margin)
     notes = [f"profile: {prof.source}, {time.perf_counter() - started:.1f} s"]
 
@@ -309,8 +338,9 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
                                       small_tensor_bytes)
             raise BudgetError(
                 f"memory_budget {memory_budget!r} ({budget} bytes) is below what this step "
-                f"needs at once: {err}. The smallest budget that can work is about {minimum} "
-                "bytes.") from err
+                f"needs at once: {_working_set_text(graph, schedule, keep, small_tensor_bytes)}"
+                f". The smallest budget that can work is about {minimum} bytes "
+                f"({minimum / 2**20:.2f} MiB); pass at least that. (Planner: {err})") from err
         plan = _finish(result.plan, budget, captured, lowered, outside)
         optimized = _bind(captured, lowered, plan, spec, budget, device, host, result, prof,
                           notes)
@@ -334,6 +364,29 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     raise BudgetError(
         f"after {verify_rounds} re-plans the measured peak ({measured.peak_bytes} B) still "
         f"exceeds memory_budget {budget} B; raise the budget or the safety_margin")
+
+
+def _refuse_unsized(captured, lowered, source: str) -> None:
+    """Refuse tensors whose size only the running step knows (e.g. a boolean_mask's
+    output): a profile that does not run the whole step would count them as 0 bytes."""
+    from tfswap.tf import capture as capture_mod
+    from tfswap.tf.shapes import import_with_shapes
+
+    import tensorflow as tf
+
+    unsized = {t.name for t in lowered.graph.tensors if t.nbytes == 0}
+    found = [f"{t.name} (shape {t.shape})"
+             for op in import_with_shapes(captured, captured.graph_def).get_operations()
+             for t in op.outputs
+             if t.name in unsized and not t.shape.is_fully_defined()
+             and t.dtype not in (tf.resource, tf.variant, tf.string)]
+    if found:
+        raise capture_mod.CaptureError(
+            f"{len(found)} tensor(s) of this step have unknown dimensions, so the {source} "
+            f"profile cannot count their bytes: {', '.join(found[:3])}"
+            f"{' ...' if len(found) > 3 else ''}. Use profile='trace' (it runs the step once "
+            "and measures every tensor; the sizes must not change between steps), or make "
+            "the shapes static (e.g. multiply by a mask instead of tf.boolean_mask).")
 
 
 def _measurable(device: str) -> bool:
@@ -402,6 +455,19 @@ def _minimum_budget(graph, spec, schedule, keep, outside, safety_margin, small) 
     # 5% headroom: the default schedule is TF's traced order, which varies from
     # run to run, and the bisection is for this run's order only.
     return int(1.05 * (hi + outside) / (1.0 - safety_margin)) + 1
+
+
+def _working_set_text(graph, schedule, keep, small) -> str:
+    """Which op needs the most device memory at once, and what else is always there."""
+    cg = CompiledGraph.build(graph, small, keep)
+    per_op = cg.op_working_set()
+    k = int(np.argmax(per_op))
+    op = graph.ops[k]
+    pinned = int(cg.buf_bytes[(cg.buf_pinned & cg.buf_persistent).astype(bool)].sum())
+    small_peak = cg.small_pool_peak(cg.order_of(schedule))
+    return (f"op {op.name!r} ({op.type}) needs {int(per_op[k])} bytes at once for its inputs, "
+            f"outputs and scratch, while the parameters that stay on the device take {pinned} "
+            f"bytes and small tensors up to {small_peak} bytes")
 
 
 def _tensor_swaps(plan: Plan, graph: DataflowGraph) -> Plan:
@@ -495,7 +561,10 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
     from tfswap.tf import capture as capture_mod
     from tfswap.tf import ir
 
-    plan = Plan.load(path)
+    try:
+        plan = Plan.load(path)
+    except PlanFormatError as err:
+        raise PlanFormatError(f"{path}: {err}") from err
     device, host = _placement(device, host)
     captured = capture_mod.capture(concrete_fn, device=device)
     found = capture_mod.fingerprint(captured)
@@ -511,4 +580,4 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
                  [f"plan loaded from {path}"])
 
 
-__all__ = ["OptimizedFunction", "PlanMismatchError", "load_plan", "optimize", "pin_parameters"]
+__all__ = ["NoDeviceError", "OptimizedFunction", "PlanMismatchError", "load_plan", "optimize", "pin_parameters"]

@@ -278,6 +278,21 @@ class CompiledGraph:
         usage[row_of, sizes] = counts
         return usage
 
+    def op_working_set(self) -> np.ndarray:
+        """Bytes of the pool buffers each op needs on the device at once -- inputs,
+        outputs and scratch -- not counting pinned parameters (on the device anyway).
+
+        int64 [n_ops]; no plan can run an op in less (plus the pinned
+        parameters and the small-tensor pool).
+        """
+        pinned_pers = (self.buf_pinned & self.buf_persistent).astype(bool)
+        out = np.zeros(self.n_ops, dtype=np.int64)
+        for ptr, bufs in ((self.op_in_ptr, self.op_in), (self.op_out_ptr, self.op_out)):
+            ops = np.repeat(np.arange(self.n_ops), np.diff(ptr))
+            nbytes = np.where(pinned_pers[bufs], 0, self.buf_bytes[bufs]) if len(bufs) else bufs
+            np.add.at(out, ops, nbytes)
+        return out
+
     def small_pool_peak(self, order: np.ndarray) -> int:
         """Most small-pool bytes live at once under ``order`` (persistent: always)."""
         if not len(self.small_bytes):

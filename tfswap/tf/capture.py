@@ -139,8 +139,16 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
                 "(capture them) rather than as arguments.")
         args.append(ArgSpec(tensor.name, path, tensor.dtype, tuple(shape.as_list())))
 
+    try:
+        variables = graph.variables
+    except AssertionError as err:  # TF's message for weak references to collected variables
+        raise CaptureError(
+            "the function uses variables that no longer exist (the model or optimizer that "
+            "owned them was garbage-collected after tracing). Keep them alive as long as the "
+            "function: e.g. return the model and optimizer together with the concrete "
+            "function, or store them on an object.") from err
     owner = {}
-    for var in graph.variables:
+    for var in variables:
         owner[id(var.handle)] = var
     captures = tuple(
         CapturedTensor(ph.name, value, owner.get(id(value)))
