@@ -1,0 +1,293 @@
+"""tfswap.keras.SwapCallback on the emulated device, against the same fit without it.
+
+Issue #6: with the callback, ``fit`` trains exactly like without it (loss and
+metric history, batch logs other callbacks see, final weights) while the
+training step's measured device peak stays within a budget of 50% of the
+unmodified step's peak; the datasets are not a multiple of the batch size
+(so a last, smaller batch is planned too) and run validation; the model
+stays usable afterwards (evaluate, predict, save/load).
+"""
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import keras
+import tensorflow as tf
+
+import tfswap
+from tfswap.tf import capture, measure
+
+RTOL = 1e-5
+VOCAB = 512
+
+
+def _compile(model, steps_per_execution=1):
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=steps_per_execution)
+    return model
+
+
+def cnn():
+    """16 Conv/BN/ReLU blocks at 32x32: stored activations, not one conv's
+    scratch (about 30 MB on this CPU), dominate the step's peak, so 50% is
+    feasible (with 10 blocks the smallest feasible budget is about 54%)."""
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    layers = [keras.Input((32, 32, 3))]
+    for _ in range(16):
+        layers += [L.Conv2D(16, 3, padding="same", use_bias=False), L.BatchNormalization(),
+                   L.ReLU()]
+    return keras.Sequential(layers + [L.GlobalAveragePooling2D(), L.Dense(10)], name="cnn")
+
+
+def transformer(seq=64, dim=64, heads=4):
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    tokens = keras.Input((seq,), dtype="int32")
+    h = L.Embedding(VOCAB, dim)(tokens)
+    for _ in range(2):
+        h = L.LayerNormalization()(h + L.MultiHeadAttention(heads, dim // heads)(h, h))
+        h = L.LayerNormalization()(h + L.Dense(dim)(L.Dense(4 * dim, activation="gelu")(h)))
+    return keras.Model(tokens, L.Dense(VOCAB)(h), name="transformer")
+
+
+def data(name, n):
+    rng = np.random.default_rng(1)
+    if name == "cnn":
+        return (rng.standard_normal((n, 32, 32, 3), dtype=np.float32),
+                rng.integers(0, 10, n).astype(np.int32))
+    return (rng.integers(0, VOCAB, (n, 64)).astype(np.int32),
+            rng.integers(0, VOCAB, (n, 64)).astype(np.int32))
+
+
+# name -> (builder, batch size, samples): neither sample count is a multiple of the batch.
+CASES = {"cnn": (cnn, 32, 72), "transformer": (transformer, 8, 36)}
+
+
+def twins(name, steps_per_execution=1):
+    """Two compiled copies of one model with the same initial weights."""
+    build = CASES[name][0]
+    a = _compile(build(), steps_per_execution)
+    b = _compile(build(), steps_per_execution)
+    b.set_weights(a.get_weights())
+    return a, b
+
+
+class BatchLogs(keras.callbacks.Callback):
+    """What another callback sees: every batch's logs."""
+
+    def __init__(self):
+        super().__init__()
+        self.logs = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.logs.append((batch, {k: float(v) for k, v in logs.items()}))
+
+
+def unmodified_peak(model, batch):
+    cf = tfswap.keras.step_function(model, batch)
+    captured = capture.capture(cf)
+    return measure.measure(captured, captured.graph_def, list(batch),
+                           inter_op_threads=1).peak_bytes
+
+
+def fit(model, x, y, batch_size, callbacks=(), epochs=2, **kwargs):
+    logs = BatchLogs()
+    history = model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0,
+                        callbacks=[*callbacks, logs], **kwargs)
+    return history.history, logs.logs
+
+
+def assert_same_history(expected, actual):
+    assert expected.keys() == actual.keys()
+    for key in expected:
+        np.testing.assert_allclose(actual[key], expected[key], rtol=RTOL, err_msg=key)
+
+
+def relative_difference(expected, actual) -> float:
+    """||expected - actual|| / max(||expected||, 1): per-element tolerances fail on
+    near-zero entries of arrays whose float32 sums were merely regrouped."""
+    expected = np.asarray(expected, dtype=np.float64)
+    return float(np.linalg.norm(expected - actual)) / max(1.0, float(np.linalg.norm(expected)))
+
+
+def assert_same_weights(expected_model, actual_model):
+    for var, a, b in zip(expected_model.weights, expected_model.get_weights(),
+                         actual_model.get_weights()):
+        assert relative_difference(a, b) <= RTOL, var.path
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def trained(request):
+    name = request.param
+    _, batch_size, n = CASES[name]
+    x, y = data(name, n)
+    reference, model = twins(name)
+    budget = int(0.5 * unmodified_peak(reference, (x[:batch_size], y[:batch_size])))
+    validation = (x[:batch_size + 4], y[:batch_size + 4])
+    ref_history, ref_logs = fit(reference, x, y, batch_size, validation_data=validation)
+    callback = tfswap.keras.SwapCallback(budget, generations=10, seed=0, workers=1, verbose=0)
+    history, logs = fit(model, x, y, batch_size, [callback], validation_data=validation)
+    return dict(name=name, x=x, y=y, batch_size=batch_size, budget=budget, callback=callback,
+                reference=reference, model=model, ref_history=ref_history, history=history,
+                ref_logs=ref_logs, logs=logs)
+
+
+def test_fit_trains_like_keras_without_the_callback(trained):
+    assert set(trained["history"]) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert_same_history(trained["ref_history"], trained["history"])
+    assert_same_weights(trained["reference"], trained["model"])
+
+
+def test_other_callbacks_see_the_same_batch_logs(trained):
+    ref, got = trained["ref_logs"], trained["logs"]
+    assert [b for b, _ in got] == [b for b, _ in ref]
+    for (_, expected), (_, actual) in zip(ref, got):
+        assert expected.keys() == actual.keys()
+        for key in expected:
+            np.testing.assert_allclose(actual[key], expected[key], rtol=RTOL, err_msg=key)
+
+
+def test_training_step_measured_peak_is_within_half_the_unmodified_peak(trained):
+    b, x, y = trained["batch_size"], trained["x"], trained["y"]
+    key = ("train", tfswap.keras.batch_signature((x[:b], y[:b])))
+    fast = trained["callback"].functions[key]
+    after = measure.measure(fast.captured, fast.graph_def, [x[:b], y[:b]])
+    print(f"\n{trained['name']}: budget {trained['budget']} B (50% of unmodified), "
+          f"measured {after.peak_bytes} B\n{fast.report()}")
+    assert fast.plan.swaps
+    assert after.peak_bytes <= trained["budget"]
+
+
+def test_the_smaller_last_batch_and_validation_get_plans_of_their_own(trained):
+    b, n, x, y = trained["batch_size"], len(trained["x"]), trained["x"], trained["y"]
+    last = n % b
+    functions = trained["callback"].functions
+    signatures = {kind: {sig[0][1][0] for k, sig in functions if k == kind}
+                  for kind in ("train", "test")}
+    assert signatures == {"train": {b, last}, "test": {b, 4}}
+    fast = functions[("train", tfswap.keras.batch_signature((x[-last:], y[-last:])))]
+    after = measure.measure(fast.captured, fast.graph_def, [x[-last:], y[-last:]])
+    assert after.peak_bytes <= trained["budget"]
+
+
+def test_model_stays_usable_after_fit(trained, tmp_path):
+    model, reference, x, y = trained["model"], trained["reference"], trained["x"], trained["y"]
+    # Keras's own functions are back: train_on_batch / evaluate / predict run unmodified.
+    assert not trained["callback"]._saved
+    assert "tfswap" not in getattr(model.train_function, "__module__", "")
+    np.testing.assert_allclose(model.evaluate(x, y, verbose=0),
+                               reference.evaluate(x, y, verbose=0), rtol=RTOL)
+    predictions = model.predict(x, verbose=0)
+    assert relative_difference(reference.predict(x, verbose=0), predictions) <= RTOL
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), predictions)
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_evaluate_and_predict_with_the_callback_plan_those_steps(trained):
+    model, x, y, b = trained["model"], trained["x"], trained["y"], trained["batch_size"]
+    callback = tfswap.keras.SwapCallback(trained["budget"], generations=5, workers=1,
+                                         verbose=0)
+    plain = model.evaluate(x, y, batch_size=b, verbose=0)
+    planned = model.evaluate(x, y, batch_size=b, verbose=0, callbacks=[callback])
+    np.testing.assert_allclose(planned, plain, rtol=RTOL)
+    plain = model.predict(x, batch_size=b, verbose=0)
+    planned = model.predict(x, batch_size=b, verbose=0, callbacks=[callback])
+    assert relative_difference(plain, planned) <= RTOL
+    kinds = sorted({kind for kind, _ in callback.functions})
+    assert kinds == ["predict", "test"]
+    assert all(f is not None for f in callback.functions.values())
+
+
+def test_steps_per_execution_4():
+    _, b, n = CASES["transformer"]
+    x, y = data("transformer", n)      # 5 batches: executions of 4 and 1 (the smaller last)
+    reference, model = twins("transformer", steps_per_execution=4)
+    ref_history, ref_logs = fit(reference, x, y, b)
+    budget = int(0.5 * unmodified_peak(model, (x[:b], y[:b])))
+    callback = tfswap.keras.SwapCallback(budget, generations=5, workers=1, verbose=0)
+    history, logs = fit(model, x, y, b, [callback])
+    assert [k for k, _ in logs] == [k for k, _ in ref_logs] == [3, 4, 3, 4]
+    assert_same_history(ref_history, history)
+    assert_same_weights(reference, model)
+    assert len(callback.functions) == 2
+
+
+def test_plan_path_saves_then_loads_and_replans_for_another_budget(tmp_path, capsys):
+    _, b, n = CASES["transformer"]
+    x, y = data("transformer", 2 * b)
+    reference, model = twins("transformer")
+    budget = int(0.5 * unmodified_peak(model, (x[:b], y[:b])))
+    first = tfswap.keras.SwapCallback(budget, generations=5, workers=1, plan_path=tmp_path)
+    ref_history, _ = fit(reference, x, y, b, [first], epochs=1)
+    printed = capsys.readouterr().out
+    assert "tfswap plan" in printed and "measured peak" in printed
+    files = sorted(tmp_path.glob("*.plan.json"))
+    assert len(files) == 1
+
+    second = tfswap.keras.SwapCallback(budget, generations=5, workers=1, plan_path=tmp_path)
+    history, _ = fit(model, x, y, b, [second], epochs=1)
+    (fast,) = second.functions.values()
+    assert any("plan loaded from" in note for note in fast.notes)
+    assert fast.plan == next(iter(first.functions.values())).plan
+    assert_same_history(ref_history, history)
+    assert_same_weights(reference, model)
+
+    third = tfswap.keras.SwapCallback(budget - 4096, generations=5, workers=1,
+                                      plan_path=tmp_path)
+    fit(model, x, y, b, [third], epochs=1)
+    assert "planning again" in capsys.readouterr().out
+    (fast,) = third.functions.values()
+    assert fast.plan.budget_bytes == budget - 4096
+
+
+def test_new_shapes_original_runs_keras_step_with_one_warning():
+    _, b, _ = CASES["transformer"]
+    x, y = data("transformer", 2 * b + 4)           # batches of 8, 8, 4
+    reference, model = twins("transformer")
+    ref_history, _ = fit(reference, x, y, b)
+    budget = int(0.5 * unmodified_peak(model, (x[:b], y[:b])))
+    callback = tfswap.keras.SwapCallback(budget, generations=5, workers=1, verbose=0,
+                                         new_shapes="original")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history, _ = fit(model, x, y, b, [callback])
+    ours = [w for w in caught if "tfswap.keras.SwapCallback" in str(w.message)]
+    assert len(ours) == 1 and "[4, 64]" in str(ours[0].message)
+    assert sorted(f is None for f in callback.functions.values()) == [False, True]
+    assert_same_history(ref_history, history)
+    assert_same_weights(reference, model)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(new_shapes="skip"), "new_shapes"),
+    (dict(verbose=-1), "verbose"),
+    (dict(search_time=0), "search_time"),
+    (dict(generations=0), "generations"),
+])
+def test_bad_arguments_say_what_is_expected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tfswap.keras.SwapCallback("1MiB", **kwargs)
+
+
+def test_plan_path_must_be_a_directory(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="must be a directory"):
+        tfswap.keras.SwapCallback("1MiB", plan_path=path)
+
+
+def test_importing_tfswap_does_not_import_keras():
+    code = ("import sys, tfswap; assert 'keras' not in sys.modules; "
+            "assert 'tensorflow' not in sys.modules; "
+            "assert tfswap.keras.SwapCallback; assert 'keras' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
