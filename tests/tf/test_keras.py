@@ -216,36 +216,40 @@ def test_steps_per_execution_4():
     budget = int(0.5 * unmodified_peak(model, (x[:b], y[:b])))
     callback = tfswap.keras.SwapCallback(budget, generations=5, workers=1, verbose=0)
     history, logs = fit(model, x, y, b, [callback])
-    assert [k for k, _ in logs] == [k for k, _ in ref_logs] == [3, 4, 3, 4]
+    # Two executions an epoch (Keras numbers the short one's end as a full one's).
+    assert [k for k, _ in logs] == [k for k, _ in ref_logs] and len(logs) == 4
     assert_same_history(ref_history, history)
     assert_same_weights(reference, model)
     assert len(callback.functions) == 2
 
 
 def test_plan_path_saves_then_loads_and_replans_for_another_budget(tmp_path, capsys):
-    _, b, n = CASES["transformer"]
+    # Plans match by graph, and Keras names the layers of a model built again in
+    # the same process differently; so the second fit continues the same model
+    # (as a restarted script would rebuild an identically named one).
+    _, b, _ = CASES["transformer"]
     x, y = data("transformer", 2 * b)
     reference, model = twins("transformer")
     budget = int(0.5 * unmodified_peak(model, (x[:b], y[:b])))
     first = tfswap.keras.SwapCallback(budget, generations=5, workers=1, plan_path=tmp_path)
-    ref_history, _ = fit(reference, x, y, b, [first], epochs=1)
+    histories = [fit(model, x, y, b, [first], epochs=1)[0]]
     printed = capsys.readouterr().out
     assert "tfswap plan" in printed and "measured peak" in printed
-    files = sorted(tmp_path.glob("*.plan.json"))
-    assert len(files) == 1
+    assert len(list(tmp_path.glob("*.plan.json"))) == 1
 
     second = tfswap.keras.SwapCallback(budget, generations=5, workers=1, plan_path=tmp_path)
-    history, _ = fit(model, x, y, b, [second], epochs=1)
+    histories.append(fit(model, x, y, b, [second], epochs=1)[0])
     (fast,) = second.functions.values()
     assert any("plan loaded from" in note for note in fast.notes)
     assert fast.plan == next(iter(first.functions.values())).plan
-    assert_same_history(ref_history, history)
+    for history in histories:
+        assert_same_history(fit(reference, x, y, b, epochs=1)[0], history)
     assert_same_weights(reference, model)
 
     third = tfswap.keras.SwapCallback(budget - 4096, generations=5, workers=1,
                                       plan_path=tmp_path)
     fit(model, x, y, b, [third], epochs=1)
-    assert "planning again" in capsys.readouterr().out
+    assert "not " + str(budget - 4096) + "; planning again" in capsys.readouterr().out
     (fast,) = third.functions.values()
     assert fast.plan.budget_bytes == budget - 4096
 
