@@ -131,6 +131,17 @@ class SwapCallback(keras.callbacks.Callback):
     After use, ``functions`` maps (kind, signature) to the
     :class:`tfswap.OptimizedFunction` that ran (None where Keras's step ran).
 
+    One log can differ from Keras's: for a model with several outputs, Keras
+    weights each output's ``<name>_loss`` log by the batch size it reads
+    when it traces its step, and the step it retraces for a smaller last
+    batch reads an unknown size (weight 1).  Planned steps have static
+    shapes, so every batch is weighted by its size.  The total ``loss``,
+    the metrics and the weights are unaffected.
+
+    Not supported (a clear error at ``fit``): ``tf.distribute`` strategies
+    and ``run_eagerly=True``.  With ``jit_compile=True`` (Keras's "auto"
+    where a GPU exists) the planned steps run without XLA, after a warning.
+
     Example::
 
         cb = tfswap.keras.SwapCallback(memory_budget="6GiB", generations=20, seed=0,
@@ -203,10 +214,13 @@ class SwapCallback(keras.callbacks.Callback):
             raise RuntimeError(
                 "tfswap.keras.SwapCallback runs one device's step; it does not support "
                 "tf.distribute strategies. Build and fit the model outside strategy.scope().")
-        if getattr(model, "jit_compile", False):
-            raise RuntimeError(
-                "tfswap.keras.SwapCallback cannot rewrite an XLA-compiled step; compile the "
-                "model with jit_compile=False.")
+        if getattr(model, "jit_compile", False) and "jit_compile" not in self._warned:
+            # Keras turns XLA on by default where a GPU exists ("auto"); XLA would
+            # lay out memory itself, so the planned step runs as a TF graph.
+            self._warned.add("jit_compile")
+            warnings.warn("tfswap.keras.SwapCallback: the model is compiled with jit_compile; "
+                          "the planned steps run without XLA (compile with jit_compile=False "
+                          "to compare like with like)", stacklevel=2)
         if model.run_eagerly:
             raise RuntimeError("tfswap.keras.SwapCallback plans graph steps; compile the model "
                                "with run_eagerly=False.")

@@ -345,3 +345,24 @@ def test_importing_tfswap_does_not_import_keras():
             "assert 'tensorflow' not in sys.modules; "
             "assert tfswap.keras.SwapCallback; assert 'keras' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _tiny(**compile_kwargs):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile(optimizer="sgd", loss="mse", **compile_kwargs)
+    return model, np.ones((16, 8), np.float32), np.zeros((16, 4), np.float32)
+
+
+def test_run_eagerly_is_refused_with_what_to_do():
+    model, x, y = _tiny(run_eagerly=True)
+    with pytest.raises(RuntimeError, match="run_eagerly=False"):
+        model.fit(x, y, verbose=0, callbacks=[tfswap.keras.SwapCallback("1GiB", verbose=0)])
+
+
+def test_an_xla_model_runs_the_planned_graph_step_after_a_warning():
+    model, x, y = _tiny(jit_compile=True)
+    callback = tfswap.keras.SwapCallback(1 << 30, generations=1, workers=1, verbose=0)
+    with pytest.warns(UserWarning, match="without XLA"):
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[callback])
+    assert [f is not None for f in callback.functions.values()] == [True]
