@@ -19,6 +19,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tfswap  # noqa: E402
+from tfswap import zoo  # noqa: E402
 from tfswap.tf import capture, measure  # noqa: E402
 
 BATCH, SAMPLES, EPOCHS = 32, 72, 2      # 72 = 2 full batches + a last one of 8
@@ -26,13 +27,7 @@ BATCH, SAMPLES, EPOCHS = 32, 72, 2      # 72 = 2 full batches + a last one of 8
 
 def build():
     """16 Conv/BN/ReLU blocks: the stored activations dominate the step's memory."""
-    keras.utils.set_random_seed(0)
-    L = keras.layers
-    layers = [keras.Input((32, 32, 3))]
-    for _ in range(16):
-        layers += [L.Conv2D(16, 3, padding="same", use_bias=False), L.BatchNormalization(),
-                   L.ReLU()]
-    model = keras.Sequential(layers + [L.GlobalAveragePooling2D(), L.Dense(10)], name="cnn")
+    model = zoo.cnn(batch=BATCH, blocks=16).model
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])

@@ -182,7 +182,6 @@ class SwapCallback(keras.callbacks.Callback):
                              generations=generations, seed=seed, workers=workers,
                              safety_margin=safety_margin, device=device, host=host)
         self.functions: dict = {}
-        self._keras_steps: dict = {}
         self._saved: dict = {}
         self._warned: set = set()
 
@@ -224,6 +223,7 @@ class SwapCallback(keras.callbacks.Callback):
         if model.run_eagerly:
             raise RuntimeError("tfswap.keras.SwapCallback plans graph steps; compile the model "
                                "with run_eagerly=False.")
+        self._forget_stale_plans()
         attr = f"{kind}_function"
         self._saved[kind] = getattr(model, attr)
         runner = self._predict_runner() if kind == "predict" else self._runner(kind)
@@ -233,10 +233,30 @@ class SwapCallback(keras.callbacks.Callback):
         if kind in self._saved:
             setattr(self.model, f"{kind}_function", self._saved.pop(kind))
 
+    def _forget_stale_plans(self) -> None:
+        """Drop steps bound to variables the model no longer uses.
+
+        A plan runs on the variables it captured; after ``compile`` again (a
+        new optimizer, new metrics) or with another model, running it would
+        update the wrong objects, so those steps are planned again.
+        """
+        model = self.model
+        state = list(model.variables) + list(model.metrics_variables)
+        if model.optimizer is not None:
+            state += list(model.optimizer.variables)
+        live = {id(getattr(v, "_value", v)) for v in state}
+        stale = [key for key, fast in self.functions.items() if fast is not None and any(
+            id(v) not in live for v in fast.captured.variables)]
+        if stale and self.verbose >= 1:
+            print(f"tfswap: {len(stale)} planned step(s) captured variables this model no "
+                  "longer uses (compiled again, or another model); planning them again")
+        for key in stale:
+            del self.functions[key]
+
     # -- What fit / evaluate / predict call instead of Keras's functions.
 
     def _runner(self, kind: str):
-        def function(iterator):
+        def run(iterator):
             outputs = None
             for data in self._batches(iterator):
                 outputs = self._step(kind, data)
@@ -244,15 +264,29 @@ class SwapCallback(keras.callbacks.Callback):
                 raise StopIteration
             return outputs
 
-        return function
+        return self._restoring(kind, run)
 
     def _predict_runner(self):
-        def function(data):
+        def run(data):
             # Keras hands predict a list of one-step batches, each a tuple (x,).
             outputs = [self._step("predict", batch) for batch in data]
             if len(outputs) == 1:
                 return outputs[0]
             return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *outputs)
+
+        return self._restoring("predict", run)
+
+    def _restoring(self, kind: str, run):
+        """``run``, putting Keras's function back if it fails: Keras calls no
+        ``on_*_end`` then, and would keep calling ours in later fits without us."""
+        def function(arg):
+            try:
+                return run(arg)
+            except StopIteration:
+                raise
+            except BaseException:
+                self._restore(kind)
+                raise
 
         return function
 
@@ -292,12 +326,9 @@ class SwapCallback(keras.callbacks.Callback):
         if (kind, why) not in self._warned:
             self._warned.add((kind, why))
             warnings.warn(f"tfswap.keras.SwapCallback: {why}", stacklevel=3)
-        fn = self._keras_steps.get(kind)
-        if fn is None:
-            step = {"train": self.model.train_step, "test": self.model.test_step,
-                    "predict": self.model.predict_step}[kind]
-            fn = self._keras_steps[kind] = tf.function(step, reduce_retracing=True)
-        return fn(data)
+        # Keras's own function, fed one batch the way train_on_batch feeds it.
+        keras_function = self._saved[kind]
+        return keras_function([data]) if kind == "predict" else keras_function(iter([data]))
 
     # -- Planning.
 

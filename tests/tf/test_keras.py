@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 import tfswap
+from tfswap import zoo
 from tfswap.tf import capture, measure
 
 RTOL = 1e-5
@@ -35,25 +36,14 @@ def _compile(model, steps_per_execution=1):
 def cnn():
     """16 Conv/BN/ReLU blocks at 32x32: stored activations, not one conv's
     scratch (about 30 MB on this CPU), dominate the step's peak, so 50% is
-    feasible (with 10 blocks the smallest feasible budget is about 54%)."""
-    keras.utils.set_random_seed(0)
-    L = keras.layers
-    layers = [keras.Input((32, 32, 3))]
-    for _ in range(16):
-        layers += [L.Conv2D(16, 3, padding="same", use_bias=False), L.BatchNormalization(),
-                   L.ReLU()]
-    return keras.Sequential(layers + [L.GlobalAveragePooling2D(), L.Dense(10)], name="cnn")
+    feasible (with zoo's default 10 blocks the smallest feasible budget is
+    about 54%)."""
+    return zoo.cnn(batch=32, blocks=16).model
 
 
-def transformer(seq=64, dim=64, heads=4):
-    keras.utils.set_random_seed(0)
-    L = keras.layers
-    tokens = keras.Input((seq,), dtype="int32")
-    h = L.Embedding(VOCAB, dim)(tokens)
-    for _ in range(2):
-        h = L.LayerNormalization()(h + L.MultiHeadAttention(heads, dim // heads)(h, h))
-        h = L.LayerNormalization()(h + L.Dense(dim)(L.Dense(4 * dim, activation="gelu")(h)))
-    return keras.Model(tokens, L.Dense(VOCAB)(h), name="transformer")
+def transformer():
+    """2 encoder layers, dim 64, 4 heads, sequences of 64 tokens of a 512-token vocabulary."""
+    return zoo.transformer(batch=8).model
 
 
 def data(name, n):
@@ -366,3 +356,32 @@ def test_an_xla_model_runs_the_planned_graph_step_after_a_warning():
     with pytest.warns(UserWarning, match="without XLA"):
         model.fit(x, y, batch_size=8, verbose=0, callbacks=[callback])
     assert [f is not None for f in callback.functions.values()] == [True]
+
+
+def test_a_failed_plan_leaves_keras_functions_in_place():
+    model, x, y = _tiny()
+    callback = tfswap.keras.SwapCallback(1024, generations=1, workers=1, verbose=0)
+    with pytest.raises(tfswap.BudgetError):
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[callback])
+    assert not callback._saved
+    assert "tfswap" not in getattr(model.train_function, "__module__", "")
+    model.fit(x, y, batch_size=8, verbose=0)          # Keras alone, as before
+
+
+def test_plans_are_reused_across_fits_and_replanned_after_compile():
+    (reference, x, y), (model, _, _) = _tiny(), _tiny()
+    callback = tfswap.keras.SwapCallback(1 << 30, generations=1, workers=1, verbose=0)
+    for m, callbacks in ((reference, []), (model, [callback])):
+        m.fit(x, y, batch_size=8, verbose=0, callbacks=callbacks)
+    (first,) = callback.functions.values()
+    model.fit(x, y, batch_size=8, verbose=0, callbacks=[callback])
+    reference.fit(x, y, batch_size=8, verbose=0)
+    assert list(callback.functions.values()) == [first]
+    # A new optimizer: the old plan would update the old optimizer's variables.
+    for m, callbacks in ((reference, []), (model, [callback])):
+        m.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+        m.fit(x, y, batch_size=8, verbose=0, callbacks=callbacks)
+    (again,) = callback.functions.values()
+    assert again is not first
+    assert model.optimizer.iterations.numpy() == reference.optimizer.iterations.numpy() == 2
+    assert_same_weights(reference, model)
