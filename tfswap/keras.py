@@ -71,12 +71,19 @@ def _specs(data):
         lambda t: tf.TensorSpec(tuple(t.shape), tf.as_dtype(t.dtype)), data)
 
 
-def build_for(model, data) -> None:
-    """Create the model's, metrics' and optimizer's variables for ``data`` if missing.
+def build_for(model, data, kind: str = "train") -> None:
+    """Create the model's (and for "train"/"test" the metrics' and optimizer's)
+    variables for ``data`` if missing.
 
     Keras builds them while tracing its first step; a step tfswap captures
     must find them existing, so that they are captured, not created, by it.
     """
+    if kind == "predict":  # no targets: build the layers only
+        if not model.built:
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+            model(tf.nest.map_structure(lambda t: keras.KerasTensor(
+                tuple(t.shape), keras.backend.standardize_dtype(t.dtype)), x))
+        return
     # Keras's TF trainer builds this way itself under a distribution strategy.
     with model.distribute_strategy.scope():
         model._symbolic_build(data_batch=data)
@@ -102,7 +109,7 @@ def step_function(model, data, kind: str = "train"):
             "predict": model.predict_step}[kind]
     strategy = model.distribute_strategy
 
-    build_for(model, data)
+    build_for(model, data, kind)
 
     def one_step(batch):
         return strategy.run(step, args=(batch,))

@@ -55,8 +55,9 @@ def data(name, n):
             rng.integers(0, VOCAB, (n, 64)).astype(np.int32))
 
 
-# name -> (builder, batch size, samples): neither sample count is a multiple of the batch.
-CASES = {"cnn": (cnn, 32, 72), "transformer": (transformer, 8, 36)}
+# name -> (builder, batch size, samples, validation samples or 0): neither sample count is
+# a multiple of the batch (validation on the Transformer only, to keep the test short).
+CASES = {"cnn": (cnn, 32, 72, 0), "transformer": (transformer, 8, 36, 12)}
 
 
 def twins(name, steps_per_execution=1):
@@ -115,21 +116,23 @@ def assert_same_weights(expected_model, actual_model):
 @pytest.fixture(scope="module", params=sorted(CASES))
 def trained(request):
     name = request.param
-    _, batch_size, n = CASES[name]
+    _, batch_size, n, n_val = CASES[name]
     x, y = data(name, n)
     reference, model = twins(name)
     budget = int(0.5 * unmodified_peak(reference, (x[:batch_size], y[:batch_size])))
-    validation = (x[:batch_size + 4], y[:batch_size + 4])
-    ref_history, ref_logs = fit(reference, x, y, batch_size, validation_data=validation)
+    validation = dict(validation_data=(x[:n_val], y[:n_val])) if n_val else {}
+    ref_history, ref_logs = fit(reference, x, y, batch_size, **validation)
     callback = tfswap.keras.SwapCallback(budget, generations=10, seed=0, workers=1, verbose=0)
-    history, logs = fit(model, x, y, batch_size, [callback], validation_data=validation)
+    history, logs = fit(model, x, y, batch_size, [callback], **validation)
     return dict(name=name, x=x, y=y, batch_size=batch_size, budget=budget, callback=callback,
+                n_val=n_val,
                 reference=reference, model=model, ref_history=ref_history, history=history,
                 ref_logs=ref_logs, logs=logs)
 
 
 def test_fit_trains_like_keras_without_the_callback(trained):
-    assert set(trained["history"]) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    logged = {"loss", "accuracy"} | ({"val_loss", "val_accuracy"} if trained["n_val"] else set())
+    assert set(trained["history"]) == logged
     assert_same_history(trained["ref_history"], trained["history"])
     assert_same_weights(trained["reference"], trained["model"])
 
@@ -156,11 +159,12 @@ def test_training_step_measured_peak_is_within_half_the_unmodified_peak(trained)
 
 def test_the_smaller_last_batch_and_validation_get_plans_of_their_own(trained):
     b, n, x, y = trained["batch_size"], len(trained["x"]), trained["x"], trained["y"]
-    last = n % b
+    last, n_val = n % b, trained["n_val"]
     functions = trained["callback"].functions
     signatures = {kind: {sig[0][1][0] for k, sig in functions if k == kind}
                   for kind in ("train", "test")}
-    assert signatures == {"train": {b, last}, "test": {b, 4}}
+    validation = {b, n_val % b} if n_val else set()
+    assert signatures == {"train": {b, last}, "test": validation}
     fast = functions[("train", tfswap.keras.batch_signature((x[-last:], y[-last:])))]
     after = measure.measure(fast.captured, fast.graph_def, [x[-last:], y[-last:]])
     assert after.peak_bytes <= trained["budget"]
@@ -199,7 +203,7 @@ def test_evaluate_and_predict_with_the_callback_plan_those_steps(trained):
 
 
 def test_steps_per_execution_4():
-    _, b, n = CASES["transformer"]
+    _, b, n, _ = CASES["transformer"]
     x, y = data("transformer", n)      # 5 batches: executions of 4 and 1 (the smaller last)
     reference, model = twins("transformer", steps_per_execution=4)
     ref_history, ref_logs = fit(reference, x, y, b)
@@ -267,46 +271,41 @@ def test_plan_path_saves_then_loads_and_replans_for_another_budget(tmp_path, cap
     # Plans match by graph, and Keras names the layers of a model built again in
     # the same process differently; so the second fit continues the same model
     # (as a restarted script would rebuild an identically named one).
-    _, b, _ = CASES["transformer"]
-    x, y = data("transformer", 2 * b)
-    reference, model = twins("transformer")
-    budget = int(0.5 * unmodified_peak(model, (x[:b], y[:b])))
-    first = tfswap.keras.SwapCallback(budget, generations=5, workers=1, plan_path=tmp_path)
-    histories = [fit(model, x, y, b, [first], epochs=1)[0]]
-    printed = capsys.readouterr().out
-    assert "tfswap plan" in printed and "measured peak" in printed
+    (reference, x, y), (model, _, _) = _tiny(), _tiny()
+    budget = 1 << 30
+    first = tfswap.keras.SwapCallback(budget, generations=1, workers=1, plan_path=tmp_path)
+    histories = [fit(model, x, y, 8, [first], epochs=1)[0]]
+    assert "tfswap plan" in capsys.readouterr().out
     assert len(list(tmp_path.glob("*.plan.json"))) == 1
 
-    second = tfswap.keras.SwapCallback(budget, generations=5, workers=1, plan_path=tmp_path)
-    histories.append(fit(model, x, y, b, [second], epochs=1)[0])
+    second = tfswap.keras.SwapCallback(budget, generations=1, workers=1, plan_path=tmp_path)
+    histories.append(fit(model, x, y, 8, [second], epochs=1)[0])
     (fast,) = second.functions.values()
     assert any("plan loaded from" in note for note in fast.notes)
     assert fast.plan == next(iter(first.functions.values())).plan
     for history in histories:
-        assert_same_history(fit(reference, x, y, b, epochs=1)[0], history)
+        assert_same_history(fit(reference, x, y, 8, epochs=1)[0], history)
     assert_same_weights(reference, model)
 
-    third = tfswap.keras.SwapCallback(budget - 4096, generations=5, workers=1,
+    third = tfswap.keras.SwapCallback(budget // 2, generations=1, workers=1,
                                       plan_path=tmp_path)
-    fit(model, x, y, b, [third], epochs=1)
-    assert "not " + str(budget - 4096) + "; planning again" in capsys.readouterr().out
+    fit(model, x, y, 8, [third], epochs=1)
+    assert f"not {budget // 2}; planning again" in capsys.readouterr().out
     (fast,) = third.functions.values()
-    assert fast.plan.budget_bytes == budget - 4096
+    assert fast.plan.budget_bytes == budget // 2
 
 
 def test_new_shapes_original_runs_keras_step_with_one_warning():
-    _, b, _ = CASES["transformer"]
-    x, y = data("transformer", 2 * b + 4)           # batches of 8, 8, 4
-    reference, model = twins("transformer")
-    ref_history, _ = fit(reference, x, y, b)
-    budget = int(0.5 * unmodified_peak(model, (x[:b], y[:b])))
-    callback = tfswap.keras.SwapCallback(budget, generations=5, workers=1, verbose=0,
+    (reference, x, y), (model, _, _) = _tiny(), _tiny()
+    x, y = np.concatenate([x, x[:4]]), np.concatenate([y, y[:4]])     # batches of 8, 8, 4
+    ref_history, _ = fit(reference, x, y, 8)
+    callback = tfswap.keras.SwapCallback(1 << 30, generations=1, workers=1, verbose=0,
                                          new_shapes="original")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        history, _ = fit(model, x, y, b, [callback])
+        history, _ = fit(model, x, y, 8, [callback])
     ours = [w for w in caught if "tfswap.keras.SwapCallback" in str(w.message)]
-    assert len(ours) == 1 and "[4, 64]" in str(ours[0].message)
+    assert len(ours) == 1 and "[4, 8]" in str(ours[0].message)
     assert sorted(f is None for f in callback.functions.values()) == [False, True]
     assert_same_history(ref_history, history)
     assert_same_weights(reference, model)
@@ -360,7 +359,7 @@ def test_an_xla_model_runs_the_planned_graph_step_after_a_warning():
 
 def test_a_failed_plan_leaves_keras_functions_in_place():
     model, x, y = _tiny()
-    callback = tfswap.keras.SwapCallback(1024, generations=1, workers=1, verbose=0)
+    callback = tfswap.keras.SwapCallback(64, generations=1, workers=1, verbose=0)
     with pytest.raises(tfswap.BudgetError):
         model.fit(x, y, batch_size=8, verbose=0, callbacks=[callback])
     assert not callback._saved
@@ -385,3 +384,37 @@ def test_plans_are_reused_across_fits_and_replanned_after_compile():
     assert again is not first
     assert model.optimizer.iterations.numpy() == reference.optimizer.iterations.numpy() == 2
     assert_same_weights(reference, model)
+
+
+def skip_mlp(width=256, depth=4):
+    """An encoder-decoder MLP whose skip connections keep early activations alive
+    until the mirrored decoder layer: what inference can swap (paper §6.3)."""
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    x = keras.Input((width,))
+    h, skips = x, []
+    for _ in range(depth):
+        h = L.Dense(width, activation="relu")(h)
+        skips.append(h)
+    for skip in reversed(skips):
+        h = L.Dense(width, activation="relu")(L.Add()([h, skip]))
+    model = keras.Model(x, L.Dense(10)(h), name="skip_mlp")
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def test_predict_with_the_callback_swaps_within_the_budget():
+    model, b = skip_mlp(), 1024
+    x = np.random.default_rng(3).standard_normal((b, 256), dtype=np.float32)
+    cf = tfswap.keras.step_function(model, (x,), kind="predict")
+    captured = capture.capture(cf)
+    peak = measure.measure(captured, captured.graph_def, [x], inter_op_threads=1).peak_bytes
+    budget = int(0.8 * peak)
+    callback = tfswap.keras.SwapCallback(budget, generations=5, workers=1, verbose=0)
+    planned = model.predict(x, batch_size=b, verbose=0, callbacks=[callback])
+    assert relative_difference(model.predict(x, batch_size=b, verbose=0), planned) <= RTOL
+    (fast,) = callback.functions.values()
+    after = measure.measure(fast.captured, fast.graph_def, [x]).peak_bytes
+    print(f"\npredict: unmodified {peak} B, budget {budget} B, measured {after} B, "
+          f"{len(fast.plan.swaps)} swaps")
+    assert fast.plan.swaps and after <= budget
