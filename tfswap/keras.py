@@ -257,8 +257,9 @@ class SwapCallback(keras.callbacks.Callback):
         if stale and self.verbose >= 1:
             print(f"tfswap: {len(stale)} planned step(s) captured variables this model no "
                   "longer uses (compiled again, or another model); planning them again")
-        for key in stale:
-            del self.functions[key]
+        if stale:  # which signatures Keras's step ran was decided for the old model too
+            self.functions = {key: fast for key, fast in self.functions.items()
+                              if fast is not None and key not in stale}
 
     # -- What fit / evaluate / predict call instead of Keras's functions.
 

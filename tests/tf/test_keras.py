@@ -57,7 +57,7 @@ def data(name, n):
 
 # name -> (builder, batch size, samples, validation samples or 0): neither sample count is
 # a multiple of the batch (validation on the Transformer only, to keep the test short).
-CASES = {"cnn": (cnn, 32, 72, 0), "transformer": (transformer, 8, 36, 12)}
+CASES = {"cnn": (cnn, 32, 40, 0), "transformer": (transformer, 8, 36, 12)}
 
 
 def twins(name, steps_per_execution=1):
@@ -122,7 +122,7 @@ def trained(request):
     budget = int(0.5 * unmodified_peak(reference, (x[:batch_size], y[:batch_size])))
     validation = dict(validation_data=(x[:n_val], y[:n_val])) if n_val else {}
     ref_history, ref_logs = fit(reference, x, y, batch_size, **validation)
-    callback = tfswap.keras.SwapCallback(budget, generations=10, seed=0, workers=1, verbose=0)
+    callback = tfswap.keras.SwapCallback(budget, generations=5, seed=0, workers=1, verbose=0)
     history, logs = fit(model, x, y, batch_size, [callback], **validation)
     return dict(name=name, x=x, y=y, batch_size=batch_size, budget=budget, callback=callback,
                 n_val=n_val,
