@@ -230,8 +230,8 @@ def two_headed():
     for _ in range(8):
         h = L.ReLU()(L.BatchNormalization()(L.Conv2D(16, 3, padding="same", use_bias=False)(h)))
     h = L.Concatenate()([L.GlobalAveragePooling2D()(h), extra])
-    model = keras.Model({"image": image, "extra": extra},
-                        {"label": L.Dense(10, name="label")(h), "value": L.Dense(1, name="value")(h)})
+    outputs = {"label": L.Dense(10, name="label")(h), "value": L.Dense(1, name="value")(h)}
+    model = keras.Model({"image": image, "extra": extra}, outputs)
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss={"label": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                         "value": keras.losses.MeanSquaredError()},
