@@ -420,9 +420,13 @@ def _capuchin_choice(s: _Setting, target: int, recompute: bool):
         live[lo:hi + 1] -= nb
         return True
 
-    def add_swap(ft, b, a, c, q, p):
+    def add_swap(ft, b, a, c, q, p, stall=False):
         if b in taken or b in needed_live:
             return
+        if stall:
+            # No free time: release right after the last use (the next op waits for
+            # the copy) and bring it back as late as still useful.
+            q, p = a + 1, min(max(p, a + 1), c - 1)
         trigger = p if p >= a else a
         if relieve(q, trigger, nbytes[b]):
             taken.add(b)
@@ -462,8 +466,7 @@ def _capuchin_choice(s: _Setting, target: int, recompute: bool):
     for cand in swaps:
         if live.max() <= target:
             break
-        if cand[0] < 0:
-            add_swap(*cand)
+        add_swap(*cand, stall=True)
     return outs, ins, recs, waits
 
 
