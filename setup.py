@@ -75,6 +75,8 @@ setup(
         "cpu": ["tensorflow-cpu>=2.21,<2.22"],
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         "test": ["pytest>=8", "hypothesis>=6", "dask[distributed]"],
+        # The bar charts of benchmarks/paper_fig6.py and `tfswap bench`.
+        "bench": ["matplotlib>=3.5"],
     },
     zip_safe=False,
 )

@@ -1,4 +1,8 @@
-"""Command line: ``tfswap demo`` (or ``python -m tfswap.cli demo``).
+"""Command line: ``tfswap demo`` and ``tfswap bench`` (or ``python -m tfswap.cli ...``).
+
+``tfswap bench`` runs SwapAdvisor's Fig. 6 comparison (:mod:`tfswap.paper_bench`):
+every baseline policy and tfswap's search on the paper's models, simulated
+on an analytic device profile; it writes a CSV, a Markdown table and a chart.
 
 The demo trains a built-in Keras CNN for three steps on the emulated device
 (CPU:0 plays the accelerator, CPU:1 the host), once unmodified and once with
@@ -62,6 +66,28 @@ def demo(batch: int, swaps: int) -> int:
     return 0 if same and saved > 0 else 1
 
 
+def _add_bench(sub) -> None:
+    from tfswap.paper_models import PAPER_BATCHES
+
+    b = sub.add_parser("bench", help="compare tfswap with the baseline policies on the "
+                                     "paper's models (simulated, analytic device profile)")
+    b.add_argument("--models", nargs="+", default=list(PAPER_BATCHES), choices=list(PAPER_BATCHES))
+    b.add_argument("--spec", default="v100-16g-pcie3", help="device preset (default V100 16 GB)")
+    b.add_argument("--generations", type=int, default=100, help="GA generations per row")
+    b.add_argument("--out", default="tfswap-bench", help="folder for fig6.csv/.md/.png")
+
+
+def bench(args) -> int:
+    from tfswap import paper_bench
+
+    if args.generations < 0:
+        raise SystemExit("--generations must be >= 0")
+    paper_bench.fig6(args.models, spec=args.spec, generations=args.generations,
+                     out_dir=args.out, progress=lambda line: print(line, flush=True))
+    print(f"written: {args.out}/fig6.csv, fig6.md, fig6.png")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="tfswap",
@@ -72,7 +98,10 @@ def main(argv=None) -> int:
                                     "print the memory saved")
     d.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
     d.add_argument("--swaps", type=int, default=3, help="tensors to swap (default 3)")
+    _add_bench(sub)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return bench(args)
     if args.command == "demo":
         if args.batch < 1 or args.swaps < 1:
             parser.error("--batch and --swaps must be >= 1")
