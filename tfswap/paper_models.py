@@ -51,18 +51,27 @@ from pathlib import Path
 CACHE_VERSION = 1
 STEPS = 32          # unrolled time steps of the LSTM stacks
 SEQ = 512           # BERT-base sequence length
-_ALIVE: list = []   # models and optimizers whose steps were built in this process
+_ALIVE: list = []
+APPLICATIONS = {  # name: (keras.applications builder, image side)
+    "resnet50": ("ResNet50", 224),
+    "resnet152": ("ResNet152", 224),
+    "inception_v3": ("InceptionV3", 299),
+    "nasnet_mobile": ("NASNetMobile", 224),
+}   # models and optimizers whose steps were built in this process
 
+# Batches at which the step needs more than a 16 GB V100 (analytic profile; the
+# ideal need of each is in benchmarks/RESULTS.md), about 1.5x and 3x where a
+# build takes minutes.
 PAPER_BATCHES = {
-    "resnet50": (128, 256),
-    "resnet152": (64, 128),
-    "inception_v3": (64, 128),
-    "nasnet_mobile": (64, 128),
-    "bert_base": (16, 32),
-    "rnn_8_2k": (256, 512),
-    "brnn_4_2k": (128, 256),
-    "wresnet152_4": (16, 32, 64),
-    "wresnet152_10": (16, 32),
+    "rnn_8_2k": (1024, 2048),
+    "brnn_4_2k": (256, 512),
+    "resnet50": (256, 512),
+    "inception_v3": (256, 512),
+    "bert_base": (32, 64),
+    "nasnet_mobile": (512,),
+    "resnet152": (128, 256),
+    "wresnet152_4": (32,),
+    "wresnet152_10": (16,),
 }
 
 
@@ -84,23 +93,11 @@ def _shape_only_scope():
 
 
 def _step(model, x_spec, y_spec, loss_fn):
-    import keras
-    import tensorflow as tf
+    from tfswap import zoo
 
-    optimizer = keras.optimizers.Adam(1e-3)
-    optimizer.build(model.trainable_variables)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return {"loss": loss}
-
-    # tf.function holds its variables weakly: keep the model and optimizer alive.
+    fn, optimizer = zoo.step_function(model, (x_spec, y_spec), loss_fn)
     _ALIVE.append((model, optimizer))
-    return step.get_concrete_function(x_spec, y_spec)
+    return fn
 
 
 def _image_step(model, batch, image, classes=1000):
@@ -173,14 +170,11 @@ def _bert(batch: int, seq: int, dim: int, heads: int, layers: int, vocab: int):
         def call(self, x):
             return x + self.table[None]
 
+    from tfswap import zoo
+
     tokens = keras.Input((seq,), dtype="int32")
     h = AddPositions()(L.Embedding(vocab, dim, embeddings_initializer="zeros")(tokens))
-    h = L.LayerNormalization(epsilon=1e-12)(h)
-    for _ in range(layers):
-        a = L.MultiHeadAttention(heads, dim // heads)(h, h)
-        h = L.LayerNormalization(epsilon=1e-12)(h + L.Dense(dim)(a))
-        f = L.Dense(4 * dim, activation="gelu")(h)
-        h = L.LayerNormalization(epsilon=1e-12)(h + L.Dense(dim)(f))
+    h = zoo.encoder_blocks(L.LayerNormalization(epsilon=1e-12)(h), layers, heads, dim)
     h = L.Dense(dim, activation="gelu")(h)
     logits = L.Dense(vocab)(L.LayerNormalization(epsilon=1e-12)(h))
     model = keras.Model(tokens, logits, name="bert_base")
@@ -210,18 +204,11 @@ def concrete_function(name: str, batch: int):
     head, args = _parse(name)
     keras.utils.set_random_seed(0)
     with _shape_only_scope():
-        if name == "resnet50":
-            return _image_step(keras.applications.ResNet50(
-                weights=None, classifier_activation=None), batch, 224)
-        if name == "resnet152":
-            return _image_step(keras.applications.ResNet152(
-                weights=None, classifier_activation=None), batch, 224)
-        if name == "inception_v3":
-            return _image_step(keras.applications.InceptionV3(
-                weights=None, classifier_activation=None), batch, 299)
-        if name == "nasnet_mobile":
-            return _image_step(keras.applications.NASNetMobile(
-                weights=None, classifier_activation=None), batch, 224)
+        if name in APPLICATIONS:
+            builder, image = APPLICATIONS[name]
+            model = getattr(keras.applications, builder)(weights=None,
+                                                         classifier_activation=None)
+            return _image_step(model, batch, image)
         if name == "bert_base":
             return _bert(batch, SEQ, dim=768, heads=12, layers=12, vocab=30522)
         if head in ("rnn", "brnn") and len(args) == 2:

@@ -60,7 +60,7 @@ import numpy as np
 
 from tfswap.core import planner as planner_mod
 from tfswap.core.compiled import CompiledGraph
-from tfswap.core.devices import DeviceSpec
+from tfswap.core.devices import DeviceSpec, check_planner_arguments
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.plan import Allocation, Plan, Prediction
 from tfswap.core.program import (InRec, OutRec, Program, RecomputeRec, _uses_by_position,
@@ -89,12 +89,7 @@ class _Setting:
         if memory not in MEMORY_MODELS:
             raise ValueError(f"memory must be one of {MEMORY_MODELS}, got {memory!r}")
         self.memory = memory
-        if not isinstance(spec, DeviceSpec):
-            raise TypeError(f"spec must be a DeviceSpec (tfswap.core.devices.device_spec(name)), "
-                            f"got {type(spec).__name__}")
-        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, np.integer)) \
-                or budget_bytes <= 0:
-            raise ValueError(f"budget_bytes must be a positive int (bytes), got {budget_bytes!r}")
+        check_planner_arguments(budget_bytes, spec)
         if compiled is not None and compiled.graph is not graph:
             raise ValueError("compiled was built from another graph; pass "
                              "CompiledGraph.build(graph, ...) of this graph")
