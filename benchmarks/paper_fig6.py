@@ -28,13 +28,23 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--memory", default="live", choices=["live", "pool"],
                     help="how the baselines' fit is judged (see tfswap.core.baselines)")
+    ap.add_argument("--policies", nargs="+", default=list(paper_bench.POLICIES),
+                    choices=list(paper_bench.POLICIES), help="default: all (ideal first)")
     ap.add_argument("--out", default="benchmarks/out")
     ap.add_argument("--cache", default=".bench_cache")
+    ap.add_argument("--redraw", action="store_true",
+                    help="only redraw fig6.md and fig6.png from the CSV in --out")
     args = ap.parse_args(argv)
+    if args.redraw:
+        rows = paper_bench.read_csv(f"{args.out}/fig6.csv")
+        open(f"{args.out}/fig6.md", "w").write(paper_bench.markdown(rows) + "\n")
+        paper_bench.bar_chart(rows, f"{args.out}/fig6.png")
+        print(open(f"{args.out}/fig6.md").read())
+        return
     budget = int(args.budget_gb * 1e9) if args.budget_gb else None
     paper_bench.fig6(args.models, spec=args.spec, budget_bytes=budget,
                      generations=args.generations, workers=args.workers, out_dir=args.out,
-                     cache_dir=args.cache, memory=args.memory,
+                     cache_dir=args.cache, memory=args.memory, policies=args.policies,
                      progress=lambda line: print(line, flush=True))
     print(open(f"{args.out}/fig6.md").read())
 

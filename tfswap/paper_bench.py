@@ -96,6 +96,18 @@ def compare(graph, keep, model: str, batch: int, budget_bytes: int, spec, *,
     return out
 
 
+def read_csv(path: Path) -> list[Outcome]:
+    """The outcomes :func:`write_csv` wrote (to redraw the table and the chart)."""
+    def num(v, kind):
+        return None if v in ("", "None") else kind(v)
+
+    with open(path, newline="") as f:
+        return [Outcome(r["model"], int(r["batch"]), r["policy"], int(r["budget_bytes"]),
+                        float(r["ideal_time_s"]), num(r["step_time_s"], float),
+                        num(r["peak_bytes"], int), num(r["swapped_bytes"], int),
+                        float(r["plan_seconds"]), r["note"]) for r in csv.DictReader(f)]
+
+
 def write_csv(outcomes: list[Outcome], path: Path) -> None:
     fields = list(Outcome.__dataclass_fields__) + ["samples_per_s", "relative"]
     with open(path, "w", newline="") as f:
@@ -167,7 +179,7 @@ def bar_chart(outcomes: list[Outcome], path: Path, policies=POLICIES) -> bool:
 def fig6(models, *, spec: str = "v100-16g-pcie3", budget_bytes: int | None = None,
          generations: int = 10, workers: int = 1, out_dir: str | Path = "benchmarks/out",
          cache_dir: str | Path = ".bench_cache", memory: str = "live", batches=None,
-         progress=print) -> list[Outcome]:
+         policies=POLICIES, progress=print) -> list[Outcome]:
     """Every policy on ``models`` at their paper batch sizes
     (:data:`tfswap.paper_models.PAPER_BATCHES`, or ``batches``), under ``budget_bytes``
     (default: the device's memory); writes fig6.csv, fig6.md and fig6.png in ``out_dir``."""
@@ -187,15 +199,15 @@ def fig6(models, *, spec: str = "v100-16g-pcie3", budget_bytes: int | None = Non
                     progress(f"{model} b{batch}: not built: {str(err)[-500:]}")
                 continue
             rows = compare(graph, keep, model, batch, budget, dev, generations=generations,
-                           workers=workers, memory=memory)
+                           workers=workers, memory=memory, policies=policies)
             outcomes += rows
             if progress:
                 progress(f"{model} b{batch}: " + ", ".join(
                     f"{o.policy} {o.relative:.2f}" if o.relative else f"{o.policy} OOM"
                     for o in rows))
             write_csv(outcomes, out_dir / "fig6.csv")
-            (out_dir / "fig6.md").write_text(markdown(outcomes) + "\n")
-    bar_chart(outcomes, out_dir / "fig6.png")
+            (out_dir / "fig6.md").write_text(markdown(outcomes, policies) + "\n")
+            bar_chart(outcomes, out_dir / "fig6.png", policies)
     return outcomes
 
 

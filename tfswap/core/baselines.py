@@ -348,7 +348,8 @@ def tflms(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
             ns = [0]
         else:
             qs = np.quantile(np.asarray(gaps), np.linspace(0.0, 1.0, candidates + 1)[:-1])
-            ns = sorted({max(0, int(q) - 1) for q in qs}, reverse=True)
+            # The widest gap swaps nothing: no swaps when the step fits as it is.
+            ns = sorted({max(0, int(q) - 1) for q in qs} | {max(gaps)}, reverse=True)
     else:
         ns = [int(n_levels)]
     ks = [int(k_levels)] if k_levels is not None else [1, 2, 4, 8]
