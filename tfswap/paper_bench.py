@@ -169,7 +169,9 @@ def bar_chart(outcomes: list[Outcome], path: Path, policies=POLICIES) -> bool:
     ax.set_ylabel("throughput / ideal (0 = does not fit)")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=7, ncol=4)
-    ax.set_title("Simulated throughput relative to ideal (analytic V100 profile, 16 GB)")
+    budget = outcomes[0].budget_bytes if outcomes else 0
+    ax.set_title(f"Simulated throughput relative to ideal (analytic profile, budget "
+                 f"{budget / 2**30:.3g} GiB)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
