@@ -166,7 +166,7 @@ def ideal(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
 def no_swap(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
             schedule: Sequence[str] | None = None, keep: Sequence[str] = (),
             compiled: CompiledGraph | None = None, small_threshold_bytes: int = 1 << 20,
-          memory: str = "live") -> Plan:
+            memory: str = "live") -> Plan:
     """The unmodified step: the ideal plan if its peak fits ``budget_bytes``, else
     :class:`Infeasible` naming the peak.
 
@@ -210,9 +210,10 @@ class _LRUScan(planner_mod._Scan):
 def odswap(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
            schedule: Sequence[str] | None = None, keep: Sequence[str] = (),
            compiled: CompiledGraph | None = None, small_threshold_bytes: int = 1 << 20,
-          memory: str = "live") -> Plan:
+           memory: str = "live") -> Plan:
     """On-demand LRU swapping with prefetch learned from the first iteration
-    (SwapAdvisor §6.1), in TF's order with the default pool repaired to the budget.
+    (SwapAdvisor §6.1), in TF's order with the default pool repaired to the budget
+    (that pool is the constraint; ``memory`` is accepted for the common signature).
 
     Example::
 
@@ -238,7 +239,7 @@ def _is_conv(op_type: str) -> bool:
 def vdnn(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *, layers: str = "conv",
          schedule: Sequence[str] | None = None, keep: Sequence[str] = (),
          compiled: CompiledGraph | None = None, small_threshold_bytes: int = 1 << 20,
-          memory: str = "live") -> Plan:
+         memory: str = "live") -> Plan:
     """vDNN: swap out the inputs of every convolution (``layers="conv"``) or of every
     forward op that reads a parameter (``"all"``) after their last forward use (the
     next such layer waits for the copy); the swap-in of a layer's inputs starts
