@@ -76,6 +76,7 @@ setup(
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         "test": ["pytest>=8", "hypothesis>=6", "dask[distributed]"],
         "plot": ["matplotlib>=3.7"],   # plan.plot_memory / the demo's memory picture
+        "bench": ["matplotlib>=3.7"],   # the bar charts of benchmarks/paper_fig6.py, `tfswap bench`
     },
     entry_points={"console_scripts": ["tfswap = tfswap.cli:main"]},
     zip_safe=False,

@@ -28,7 +28,10 @@ class TrainStep:
     batch: tuple
 
 
-def _train_step(name, model, batch, loss_fn, learning_rate=1e-3):
+def step_function(model, specs, loss_fn, learning_rate=1e-3):
+    """One Adam step of ``model`` on ``loss_fn(y, model(x))`` as a ConcreteFunction of
+    ``specs`` (x's and y's TensorSpecs): (concrete function, optimizer).  The caller
+    keeps ``model`` and the optimizer alive (tf.function holds variables weakly)."""
     import keras
     import tensorflow as tf
 
@@ -43,8 +46,29 @@ def _train_step(name, model, batch, loss_fn, learning_rate=1e-3):
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return {"loss": loss}
 
+    return step.get_concrete_function(*specs), optimizer
+
+
+def _train_step(name, model, batch, loss_fn, learning_rate=1e-3):
+    import tensorflow as tf
+
     specs = [tf.TensorSpec(b.shape, tf.as_dtype(b.dtype)) for b in batch]
-    return TrainStep(name, model, optimizer, step.get_concrete_function(*specs), batch)
+    fn, optimizer = step_function(model, specs, loss_fn, learning_rate)
+    return TrainStep(name, model, optimizer, fn, batch)
+
+
+def encoder_blocks(h, layers: int, heads: int, dim: int):
+    """``layers`` post-LN BERT blocks (self-attention, GELU feed-forward of width
+    4 x ``dim``) on the Keras tensor ``h``."""
+    import keras
+
+    L = keras.layers
+    for _ in range(layers):
+        a = L.MultiHeadAttention(heads, dim // heads)(h, h)
+        h = L.LayerNormalization(epsilon=1e-12)(h + L.Dense(dim)(a))
+        f = L.Dense(4 * dim, activation="gelu")(h)
+        h = L.LayerNormalization(epsilon=1e-12)(h + L.Dense(dim)(f))
+    return h
 
 
 def cnn(batch: int = 32, image: int = 32, channels: int = 16, classes: int = 10,
@@ -121,12 +145,7 @@ def bert(batch: int = 4, seq: int = 64, dim: int = 128, heads: int = 4, layers: 
     tokens = keras.Input((seq,), dtype="int32")
     positions = keras.ops.arange(seq, dtype="int32")
     h = L.Embedding(vocab, dim)(tokens) + L.Embedding(seq, dim)(positions)[None]
-    h = L.LayerNormalization(epsilon=1e-12)(h)
-    for _ in range(layers):
-        a = L.MultiHeadAttention(heads, dim // heads)(h, h)
-        h = L.LayerNormalization(epsilon=1e-12)(h + L.Dense(dim)(a))
-        f = L.Dense(4 * dim, activation="gelu")(h)
-        h = L.LayerNormalization(epsilon=1e-12)(h + L.Dense(dim)(f))
+    h = encoder_blocks(L.LayerNormalization(epsilon=1e-12)(h), layers, heads, dim)
     h = L.Dense(dim, activation="gelu")(h)
     logits = L.Dense(vocab)(L.LayerNormalization(epsilon=1e-12)(h))
     model = keras.Model(tokens, logits, name="bert")

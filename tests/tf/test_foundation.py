@@ -110,3 +110,16 @@ def test_grappler_keeps_swaps_in_the_function_runtime(planned):
     names = {n.name: n for n in optimized}
     for nodes in rewritten.swaps:
         assert nodes.swap_out in names and nodes.swap_in in names
+
+
+def test_rewrite_refuses_a_recompute_plan_saying_why(planned):
+    """Recomputation exists in the simulator (Capuchin-style baseline) only."""
+    import dataclasses
+
+    _, captured, quick, _ = planned
+    first = quick.plan.swaps[0]
+    recompute = dataclasses.replace(first, kind="recompute", in_after="", in_wait_for=(),
+                                    out_before=())
+    plan = dataclasses.replace(quick.plan, swaps=(recompute,))
+    with pytest.raises(rewrite.RewriteError, match="cannot re-run ops"):
+        rewrite.rewrite(captured, plan, DEVICE, HOST)

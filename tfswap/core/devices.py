@@ -20,6 +20,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 GB = 10**9
 GiB = 2**30
 
@@ -141,3 +143,14 @@ def device_spec(name: str | DeviceSpec) -> DeviceSpec:
 def with_memory(spec: DeviceSpec, memory_bytes: int) -> DeviceSpec:
     """The same device with a different memory size (for what-if studies)."""
     return replace(spec, memory_bytes=memory_bytes)
+
+
+def check_planner_arguments(budget_bytes, spec) -> None:
+    """Raise a clear error unless ``budget_bytes`` is a positive int and ``spec`` a
+    :class:`DeviceSpec` (what every planner takes)."""
+    if not isinstance(spec, DeviceSpec):
+        raise TypeError(f"spec must be a DeviceSpec (tfswap.core.devices.device_spec(name)), "
+                        f"got {type(spec).__name__}")
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, np.integer)) \
+            or budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be a positive int (bytes), got {budget_bytes!r}")

@@ -22,6 +22,10 @@ other kinds (``Swap.kind``): a parameter fetched from its host home
 ("prefetch"), an updated parameter written back ("writeback"), and a device
 copy discarded without a copy because the host copy is current ("drop").
 Version-1 files still load (no allocation, no resident parameters).
+Version 3 adds the kind "recompute" (Capuchin's recomputation, used by
+:mod:`tfswap.core.baselines`): the device copy is discarded after
+``out_after`` and the tensor's producer runs again just before its first
+consumer; version-1 and -2 files still load.
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PLAN_FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-SWAP_KINDS = ("round_trip", "prefetch", "writeback", "drop")
+PLAN_FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+SWAP_KINDS = ("round_trip", "prefetch", "writeback", "drop", "recompute")
 
 
 class PlanFormatError(ValueError):
@@ -61,6 +65,9 @@ class Swap:
     host home and not needed again in the step (no swap-in, no consumers);
     "drop": a device copy whose host copy is current is discarded after
     ``out_after`` (nothing is copied; ``bytes`` is what it frees).
+    "recompute": the device copy is discarded after ``out_after`` and the
+    tensor's producer runs again right before the first of ``consumers``
+    (nothing is copied; ``in_after`` and ``in_wait_for`` stay empty).
 
     Example::
 
@@ -87,6 +94,16 @@ class Swap:
         if self.kind not in SWAP_KINDS:
             raise ValueError(f"swap of {self.tensor}: kind {self.kind!r} is not one of "
                              f"{SWAP_KINDS}")
+        if self.bytes < 0:
+            raise ValueError(f"swap of {self.tensor}: bytes must be >= 0, got {self.bytes}")
+        if self.kind == "recompute":
+            if not self.consumers or not self.out_after:
+                raise ValueError(f"recompute of {self.tensor}: needs out_after (where the copy "
+                                 "is discarded) and consumers (what reads the recomputed copy)")
+            if self.in_after or self.in_wait_for:
+                raise ValueError(f"recompute of {self.tensor}: nothing is copied in, so "
+                                 "in_after and in_wait_for must be empty")
+            return
         has_in = self.kind in ("round_trip", "prefetch")
         has_out = self.kind in ("round_trip", "writeback", "drop")
         if has_in and not self.consumers:
@@ -101,8 +118,6 @@ class Swap:
         if not has_out and (self.out_after or self.out_before):
             raise ValueError(f"prefetch of {self.tensor}: has no swap-out, so out_after and "
                              "out_before must be empty")
-        if self.bytes < 0:
-            raise ValueError(f"swap of {self.tensor}: bytes must be >= 0, got {self.bytes}")
 
 
 @dataclass(frozen=True)
@@ -201,8 +216,9 @@ class Plan:
 
     @property
     def swapped_bytes(self) -> int:
-        """Bytes of the tensors that move (a drop moves nothing; a round trip counts once)."""
-        return sum(s.bytes for s in self.swaps if s.kind != "drop")
+        """Bytes of the tensors that move (a drop or recompute moves nothing; a round trip
+        counts once)."""
+        return sum(s.bytes for s in self.swaps if s.kind not in ("drop", "recompute"))
 
     def to_json(self) -> str:
         body = asdict(self)

@@ -332,16 +332,19 @@ class _Scan:
 
 
 def build_program(cg: CompiledGraph, order: np.ndarray, allocation: Allocation, spec: DeviceSpec,
-                  recency_margin_s: float = 0.0, params_start_on_host: bool = False) -> Program:
+                  recency_margin_s: float = 0.0, params_start_on_host: bool = False,
+                  scan: type = _Scan) -> Program:
     """Plan the swaps for ``order`` and ``allocation``: the reference planner.
 
     ``params_start_on_host``: skip the second pass; every swappable parameter
     starts the step on the host (one iteration as the paper's figures show it).
-    Raises :class:`InfeasibleAllocation` if some op cannot get its objects.
+    ``scan``: the pass to run (a subclass of ``_Scan`` with another eviction
+    choice; the baselines' LRU).  Raises :class:`InfeasibleAllocation` if some
+    op cannot get its objects.
     """
     buf_class = buffer_classes(cg, allocation).tolist()
     counts = list(allocation.class_count)
-    scan = _Scan(cg, [int(o) for o in order], buf_class, counts, spec, recency_margin_s)
+    scan = scan(cg, [int(o) for o in order], buf_class, counts, spec, recency_margin_s)
     pers = cg.buf_persistent
     pinned_pers = [b for b in range(cg.n_buffers) if pers[b] and cg.buf_pinned[b]]
     end = scan.run(pinned_pers, removable=False)

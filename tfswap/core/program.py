@@ -54,15 +54,25 @@ class InRec:
 
 
 @dataclass(frozen=True)
+class RecomputeRec:
+    """``buf``'s producer runs again on the compute stream right before the op at
+    ``need``; ``drop`` (an index into ``Program.outs``, a drop) discarded the copy."""
+    buf: int
+    drop: int
+    need: int
+
+
+@dataclass(frozen=True)
 class Program:
     order: tuple[int, ...]            # op ids in schedule order
     resident: tuple[int, ...]         # persistent buffers on the device at start (sorted)
     outs: tuple[OutRec, ...]
     ins: tuple[InRec, ...]
     op_waits: tuple[tuple[int, int], ...]  # (position, out index): op waits for the out
+    recomputes: tuple[RecomputeRec, ...] = ()  # sorted by (need, buffer)
 
 
-def canonical(order, resident, outs, ins, op_waits) -> Program:
+def canonical(order, resident, outs, ins, op_waits, recomputes=()) -> Program:
     """Sort records into stream order and renumber the references between them."""
     operm = sorted(range(len(outs)), key=lambda j: (outs[j].out_after, outs[j].buf))
     new_of = {old: new for new, old in enumerate(operm)}
@@ -72,8 +82,10 @@ def canonical(order, resident, outs, ins, op_waits) -> Program:
                new_of[r.own_out] if r.own_out >= 0 else -1, r.need) for r in ins),
         key=lambda r: (r.need, r.buf)))
     waits = tuple(sorted((k, new_of[j]) for k, j in op_waits))
+    recs = tuple(sorted((RecomputeRec(r.buf, new_of[r.drop], r.need) for r in recomputes),
+                        key=lambda r: (r.need, r.buf)))
     return Program(tuple(int(o) for o in order), tuple(sorted(resident)), outs_sorted,
-                   ins_sorted, waits)
+                   ins_sorted, waits, recs)
 
 
 def buffer_classes(cg: CompiledGraph, allocation: Allocation) -> np.ndarray:
@@ -96,10 +108,13 @@ def to_plan_swaps(cg: CompiledGraph, prog: Program) -> tuple[tuple[Swap, ...], t
     op_name = lambda k: names[order[k]].name  # noqa: E731
     uses = _uses_by_position(cg, prog)
     paired = {r.own_out: i for i, r in enumerate(prog.ins) if r.own_out >= 0}
+    recomputed = {r.drop: r for r in prog.recomputes}
     entries = []   # (kind, out index or -1, in index or -1)
     for j, o in enumerate(prog.outs):
         if j in paired:
             entries.append(("round_trip", j, paired[j]))
+        elif j in recomputed:
+            entries.append(("recompute", j, -1))
         else:
             entries.append(("writeback" if o.copy else "drop", j, -1))
     entries += [("prefetch", -1, i) for i, r in enumerate(prog.ins) if r.own_out < 0]
@@ -129,13 +144,15 @@ def to_plan_swaps(cg: CompiledGraph, prog: Program) -> tuple[tuple[Swap, ...], t
     for e, (kind, j, i) in enumerate(entries):
         buf = prog.outs[j].buf if j >= 0 else prog.ins[i].buf
         consumers, in_after, waits = (), "", ()
-        if i >= 0:
-            r = prog.ins[i]
+        if i >= 0 or kind == "recompute":
+            need = prog.ins[i].need if i >= 0 else recomputed[j].need
             after = leaves.get(buf, ())
-            x = bisect_left(after, r.need)
+            x = bisect_left(after, need)
             end = after[x] if x < len(after) else len(order)
             u = uses[buf]
-            consumers = tuple(op_name(k) for k in u[bisect_left(u, r.need):bisect_right(u, end)])
+            consumers = tuple(op_name(k) for k in u[bisect_left(u, need):bisect_right(u, end)])
+        if i >= 0:
+            r = prog.ins[i]
             in_after = op_name(r.trigger) if r.trigger >= 0 else ""
             waits = tuple(ids[swap_of_out[w]] for w in r.waits)
         swaps.append(Swap(
@@ -186,7 +203,7 @@ def from_plan(cg: CompiledGraph, schedule, swaps, resident_parameters) -> Progra
             resident.append(b)
         resident += [b for b in range(cg.n_buffers)
                      if cg.buf_persistent[b] and cg.buf_pinned[b] and b not in resident]
-    outs, ins, op_waits, out_of_swap = [], [], [], {}
+    outs, ins, op_waits, out_of_swap, recs = [], [], [], {}, []
     for s in swaps:
         b = tbuf.get(s.tensor, -1)
         if b < 0:
@@ -194,8 +211,12 @@ def from_plan(cg: CompiledGraph, schedule, swaps, resident_parameters) -> Progra
                              "graph (unknown, or small enough for the small-tensor pool)")
         if s.kind != "prefetch":
             out_of_swap[s.id] = len(outs)
-            outs.append(OutRec(b, where(s.out_after, f"swap {s.id!r}"), s.kind != "drop"))
+            outs.append(OutRec(b, where(s.out_after, f"swap {s.id!r}"),
+                               s.kind not in ("drop", "recompute")))
             op_waits += [(where(o, f"swap {s.id!r}"), len(outs) - 1) for o in s.out_before]
+            if s.kind == "recompute":
+                recs.append(RecomputeRec(b, len(outs) - 1,
+                                         min(where(c, f"swap {s.id!r}") for c in s.consumers)))
     for s in swaps:
         if s.kind in ("round_trip", "prefetch"):
             b = tbuf[s.tensor]
@@ -203,4 +224,4 @@ def from_plan(cg: CompiledGraph, schedule, swaps, resident_parameters) -> Progra
             trigger = where(s.in_after, f"swap {s.id!r}") if s.in_after else START
             ins.append(InRec(b, trigger, tuple(out_of_swap[w] for w in s.in_wait_for),
                              out_of_swap[s.id] if s.kind == "round_trip" else -1, need))
-    return canonical(order, resident, outs, ins, op_waits)
+    return canonical(order, resident, outs, ins, op_waits, recs)

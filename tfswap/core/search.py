@@ -48,7 +48,7 @@ from deap import base
 from tfswap.core import genetics
 from tfswap.core.allocation import class_sizes, repair_counts
 from tfswap.core.compiled import CompiledGraph
-from tfswap.core.devices import DeviceSpec
+from tfswap.core.devices import DeviceSpec, check_planner_arguments
 from tfswap.core.evaluation import Evaluator
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.native import Evaluation, evaluate
@@ -440,12 +440,7 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     """
     if not isinstance(config, SearchConfig):
         raise TypeError(f"config must be a SearchConfig, got {type(config).__name__}")
-    if not isinstance(spec, DeviceSpec):
-        raise TypeError(f"spec must be a DeviceSpec (tfswap.core.devices.device_spec(name)), "
-                        f"got {type(spec).__name__}")
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, np.integer)) \
-            or budget_bytes <= 0:
-        raise ValueError(f"budget_bytes must be a positive int (bytes), got {budget_bytes!r}")
+    check_planner_arguments(budget_bytes, spec)
     if compiled is None:
         compiled = CompiledGraph.build(graph, small_threshold_bytes, keep)
     elif compiled.graph is not graph:

@@ -15,6 +15,12 @@ are done:
 * swap-out: the op after which it is released (a drop takes no link time:
   it is done when that op is).
 
+A recomputation (``Program.recomputes``, Capuchin's alternative to a swap)
+runs the buffer's producer again on the compute stream right before the op
+that needs it: that op starts the producer's time later, and the buffer
+takes its object when the recomputation starts.  The producer's inputs must
+be on the device then.
+
 Memory is the plan's pool: a buffer takes an object of its size class from
 a per-class LIFO stack of free object indices (initially ``[n-1, ..., 0]``,
 so the first allocation gets object 0) when its op or swap-in starts, and
@@ -170,6 +176,15 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
         if not o.copy:
             drops_of[o.out_after].append(j)
     d2h_list = [j for j, o in enumerate(outs) if o.copy]
+    recs_of = [[] for _ in range(n)]
+    producer = {}
+    if prog.recomputes:
+        for op in range(cg.n_ops):
+            for b in op_out[out_ptr[op]:out_ptr[op + 1]]:
+                producer[b] = op
+        for r in prog.recomputes:
+            recs_of[r.need].append(r)
+    recompute_s = 0.0
     last = [-1] * cg.n_buffers
     for k in range(n):
         for b in reads[k]:
@@ -201,6 +216,24 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
             started = False
             if not c_run and kc < n and all(in_done[i] for i in need_of[kc]) and all(
                     out_done(j) for j in waits_of[kc]):
+                extra = 0.0
+                for r in recs_of[kc]:
+                    p = producer[r.buf]
+                    for b in op_in[in_ptr[p]:in_ptr[p + 1]]:
+                        if not arrived.get(b, False):
+                            raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} before op "
+                                            f"{cg.graph.ops[order[kc]].name!r} reads "
+                                            f"{cg.buf_names[b]!r}, which is not on the device")
+                    if r.buf in arrived:
+                        raise PlanError(f"recompute of {cg.buf_names[r.buf]!r} while it is "
+                                        "still on the device")
+                    take(r.buf, t)
+                    arrived[r.buf] = True
+                    if record:
+                        ev.append(SimEvent("compute", "recompute:" + cg.graph.ops[p].name,
+                                           t + extra, t + extra + float(cg.op_time[p])))
+                    extra += float(cg.op_time[p])
+                recompute_s += extra
                 for b in reads[kc]:
                     if not arrived.get(b, False):
                         raise PlanError(f"op {cg.graph.ops[order[kc]].name!r} reads "
@@ -209,7 +242,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
                 for b in allocs[kc]:
                     take(b, t)
                     arrived[b] = True
-                c_run, c_start, c_end = True, t, t + times[kc]
+                c_run, c_start, c_end = True, t + extra, t + extra + times[kc]
                 started = True
             if not h_run and hi < len(ins):
                 r = ins[hi]
@@ -281,6 +314,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
     busy = 0.0
     for x in times:  # left to right, as the native simulator adds (not math.fsum)
         busy += x
+    busy += recompute_s  # recomputation is work, not waiting
     return dict(
         step_time_s=t, peak_bytes=peak + allocation.small_pool_bytes,
         h2d_bytes=h2d_bytes, d2h_bytes=d2h_bytes, stall_s=max(0.0, last_op_end - busy),

@@ -192,6 +192,11 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
     swap_out_name = {}
     swap_in_node = {}
     for k, swap in enumerate(plan.swaps):
+        if swap.kind == "recompute":
+            raise RewriteError(
+                f"swap {swap.id!r} recomputes {swap.tensor!r}; this rewrite cannot re-run ops "
+                "yet (recomputation exists in the simulator for the Capuchin-style baseline "
+                "only), so plan with tfswap.optimize or a swap-only policy")
         if swap.kind != "round_trip":
             raise RewriteError(
                 f"swap {swap.id!r} is a {swap.kind} of a parameter; this rewrite moves "
