@@ -111,7 +111,7 @@ def demo(args) -> int:
 
     step = zoo.cnn(batch=args.batch)
     captured = capture.capture(step.concrete_fn)
-    print(f"model: Keras CNN (10x Conv/BN/ReLU, Dense), Adam, batch {args.batch}, "
+    print(f"model: Keras CNN (16x Conv/BN/ReLU, Dense), Adam, batch {args.batch}, "
           f"{len(captured.graph_def.node)} graph nodes, on the emulated device")
     before = measure.measure(captured, captured.graph_def, step.batch, inter_op_threads=1)
     budget = int(args.fraction * before.peak_bytes)

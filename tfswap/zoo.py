@@ -72,7 +72,7 @@ def encoder_blocks(h, layers: int, heads: int, dim: int):
 
 
 def cnn(batch: int = 32, image: int = 32, channels: int = 16, classes: int = 10,
-        blocks: int = 10, seed: int = 0) -> TrainStep:
+        blocks: int = 16, seed: int = 0) -> TrainStep:
     """Conv/BN/ReLU x ``blocks`` (the last at twice the channels) -> pooling -> Dense,
     sparse cross-entropy, Adam."""
     import keras
