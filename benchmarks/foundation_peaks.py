@@ -22,8 +22,8 @@ def main():
     print("| model | unmodified peak (B) | with swaps (B) | freed (B) | predicted (B) "
           "| step unmodified (ms) | step with swaps (ms) |")
     print("|---|---|---|---|---|---|---|")
-    for name, build in (("cnn b32", lambda: zoo.cnn(batch=32)),
-                        ("cnn b64", lambda: zoo.cnn(batch=64)),
+    for name, build in (("cnn b32", lambda: zoo.cnn(batch=32, blocks=10)),
+                        ("cnn b64", lambda: zoo.cnn(batch=64, blocks=10)),
                         ("transformer b8", lambda: zoo.transformer(batch=8))):
         step = build()
         captured = capture.capture(step.concrete_fn)

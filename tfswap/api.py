@@ -305,10 +305,12 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
         # From the step, not the budget: a budget-dependent threshold would
         # make the smallest feasible budget a BudgetError names infeasible
         # again when passed back (other tensors become small).
+        # Without a measured peak (analytic, isolated), the unconstrained plan's.
         stage = _Stage.lower(captured, prof, spec, _small_threshold(prof.peak_bytes or 0))
-        wanted = _small_threshold(stage.unconstrained.prediction.peak_bytes)
-        if not prof.peak_bytes and wanted != stage.small:
-            stage = _Stage.lower(captured, prof, spec, wanted)
+        if not prof.peak_bytes:
+            wanted = _small_threshold(stage.unconstrained.prediction.peak_bytes)
+            if wanted != stage.small:
+                stage = _Stage.lower(captured, prof, spec, wanted)
     lowered, graph, keep, schedule = stage.lowered, stage.graph, stage.keep, stage.schedule
     small_tensor_bytes, unconstrained = stage.small, stage.unconstrained
     if prof.source != "trace":

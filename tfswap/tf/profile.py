@@ -264,12 +264,19 @@ def analytic(captured: CapturedFunction, spec: str | DeviceSpec, graph_def=None,
         return fusion and costmodel.fusible_edge(
             rules[tensor.op.name], [rules[c.name] for c in tensor.consumers()])
 
+    reads: dict[str, dict[str, bool]] = {}   # tensor -> reader -> reads it from memory
+
     def input_fused(tensor, reader) -> bool:
         if not fusion:
             return False
-        readers = tensor.consumers()
-        reads = costmodel.memory_reads(rules[tensor.op.name], [rules[c.name] for c in readers])
-        return not reads[next(k for k, c in enumerate(readers) if c.name == reader.name)]
+        if tensor.name not in reads:
+            readers = tensor.consumers()
+            flags = costmodel.memory_reads(rules[tensor.op.name],
+                                           [rules[c.name] for c in readers])
+            reads[tensor.name] = {}
+            for c, flag in zip(readers, flags):
+                reads[tensor.name].setdefault(c.name, flag)   # first listing of a reader
+        return not reads[tensor.name][reader.name]
 
     ops = []
     for op in operations:
