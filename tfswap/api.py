@@ -335,15 +335,32 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
             result = ga.plan(graph, planner_budget, spec, config=config,
                              initial_schedule=schedule, keep=keep,
                              small_threshold_bytes=small_tensor_bytes)
+            found = result.plan
         except (ValueError, InfeasibleAllocation) as err:
-            minimum = _minimum_budget(graph, spec, schedule, keep, outside, safety_margin,
-                                      small_tensor_bytes)
-            raise BudgetError(
-                f"memory_budget {memory_budget!r} ({budget} bytes) is below what this step "
-                f"needs at once: {_working_set_text(graph, schedule, keep, small_tensor_bytes)}"
-                f". The smallest budget that can work is about {minimum} bytes "
-                f"({minimum / 2**20:.2f} MiB); pass at least that. (Planner: {err})") from err
-        plan = _finish(result.plan, budget, captured, lowered, outside)
+            # The search's pools round sizes up to classes; the planner on TF's
+            # order with exact sizes is what the named smallest budget is
+            # computed from, so a budget at or above it still gets a plan.
+            result, found = None, _order_plan(graph, planner_budget, spec, schedule, keep,
+                                              small_tensor_bytes)
+            if found is None and attempt:
+                raise BudgetError(
+                    f"memory_budget {budget} bytes: the rewritten step measured "
+                    f"{measured.peak_bytes} bytes on the emulated device (more than the memory "
+                    f"model predicted), and with that much less room no plan fits. Pass at "
+                    f"least about {int(1.05 * measured.peak_bytes) + 1} bytes (what that plan "
+                    f"measured, plus 5%), or "
+                    f"raise safety_margin. (Planner: {err})") from err
+            if found is None:
+                minimum = _minimum_budget(graph, spec, schedule, keep, outside, safety_margin,
+                                          small_tensor_bytes)
+                raise BudgetError(
+                    f"memory_budget {memory_budget!r} ({budget} bytes) is below what this step "
+                    f"needs at once: {_working_set_text(graph, schedule, keep, small_tensor_bytes)}"
+                    f". The smallest budget that can work is about {minimum} bytes "
+                    f"({minimum / 2**20:.2f} MiB); pass at least that. (Planner: {err})") from err
+            notes.append("the genetic search found no size-class pool within the budget: "
+                         "planned on TensorFlow's order with exact sizes")
+        plan = _finish(found, budget, captured, lowered, outside)
         optimized = _bind(captured, lowered, plan, spec, budget, device, host, result, prof,
                           notes)
         if not verify:
@@ -457,6 +474,16 @@ def _minimum_budget(graph, spec, schedule, keep, outside, safety_margin, small) 
     # 5% headroom: the default schedule is TF's traced order, which varies from
     # run to run, and the bisection is for this run's order only.
     return int(1.05 * (hi + outside) / (1.0 - safety_margin)) + 1
+
+
+def _order_plan(graph, budget, spec, schedule, keep, small) -> Plan | None:
+    """The planner's plan on TF's order with exact sizes, or None if it does not fit."""
+    try:
+        plan = plan_swaps(graph, budget, spec, schedule=schedule, keep=keep,
+                          small_threshold_bytes=small)
+    except (ValueError, InfeasibleAllocation):
+        return None
+    return dataclasses.replace(plan, planner="tfswap.order")
 
 
 def _working_set_text(graph, schedule, keep, small) -> str:

@@ -67,6 +67,9 @@ ALWAYS_FOLD = frozenset({"Shape", "ShapeN", "Size", "Rank", "VariableShape",
 VARIABLE_READERS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd",
                               "VariableShape", "VarIsInitializedOp"})
 DEFAULT_FOLD_BYTES = 1024
+# Ops whose bodies are functions they run themselves (loops, branches, calls).
+FUNCTIONAL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
+                            "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"})
 # Kernels that write into an input's buffer when they hold its only reference
 # (TF's forward_input_or_allocate_output): unary and binary elementwise ops.
 FORWARDING_OPS = frozenset({
@@ -191,6 +194,47 @@ class LoweredGraph:
         for at, nbytes in liveness.variable_copies(self.graph, schedule, self.updates):
             curve[at:] += nbytes
         return int(curve.max()) - read_bytes + self.variable_bytes if len(curve) else 0
+
+
+def _hold_saved_state(ops: list[Op], tensors: list[Tensor]) -> list[Tensor]:
+    """Account for the state a functional op saves for a later op.
+
+    A While's TensorList accumulators and the Optionals that ``cond_v2`` makes
+    of a branch's intermediates are variant outputs holding references to
+    tensors the body saw, until the gradient op reads them.  Among those can
+    be the op's own inputs and outputs (a branch computing ``relu(x)`` in
+    place returns the buffer of ``x`` and saves it too: measured on TF 2.21).
+    Swapping such a tensor frees nothing while the saved state lives, so the
+    op's non-variant inputs and outputs are not swappable.  The saved state's
+    own allocations are in the variant outputs' profiled bytes; a held input
+    or output is not (it was allocated elsewhere, or is also an output), so
+    the first variant output is charged the largest of them: one such tensor
+    held to the gradient, an estimate (Keras's LSTM and cond branches hold one;
+    a body could hold more, which the measured peak of the rewritten step,
+    checked by ``tfswap.optimize`` on the emulated device, would show).
+    Variable values are resident anyway and are not charged.
+    """
+    by_name = {t.name: k for k, t in enumerate(tensors)}
+    producer_type = {op.name: op.type for op in ops}
+    tensors = list(tensors)
+    for op in ops:
+        if op.type not in FUNCTIONAL_OPS:
+            continue
+        outputs = [k for k, t in enumerate(tensors) if t.name.rpartition(":")[0] == op.name]
+        saved = [k for k in outputs if tensors[k].dtype == "variant"]
+        if not saved:
+            continue
+        held = {by_name[n] for n in op.inputs if n in by_name} | set(outputs)
+        charged = 0
+        for k in sorted(held):
+            t = tensors[k]
+            if t.dtype in ("variant", "resource"):
+                continue
+            tensors[k] = replace(t, swappable=False)
+            if producer_type.get(t.name.rpartition(":")[0]) != "ReadVariableOp":
+                charged = max(charged, t.nbytes)
+        tensors[saved[0]] = replace(tensors[saved[0]], nbytes=tensors[saved[0]].nbytes + charged)
+    return tensors
 
 
 def _static_forward(op: Op, tensors: dict, readers: dict, keep: set,
@@ -375,6 +419,7 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
                     t = replace(t, nbytes=measured[int(slot)])
             sized.append(t)
         tensors = sized
+    tensors = _hold_saved_state(ops, tensors)
     handle_of = {c.name: c.name for c in captured.captures if c.variable is not None}
     tensors = _set_aliases(ops, tensors, profile, handle_of, keep=captured.fetches)
     graph = DataflowGraph.build(ops, tensors)

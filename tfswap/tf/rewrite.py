@@ -121,6 +121,17 @@ def _repoint(graph_def, nodes: dict, node, source: tuple[str, int], swap_in: str
         node.input[i] = current
 
 
+def _orders(nodes: dict, name: str) -> bool:
+    """Whether a control edge from or to ``name`` orders anything.
+
+    An argument or captured-variable ``Placeholder`` exists before the step
+    starts, so an edge to or from it orders nothing; and ``import_graph_def``'s
+    ``input_map`` remaps data inputs only, so an edge left on a placeholder
+    would need it fed a second time ("You must feed a value for placeholder").
+    """
+    return bool(name) and nodes[name].op != "Placeholder"
+
+
 def _device_kind(device: str) -> str:
     return tf.DeviceSpec.from_string(device).device_type or ""
 
@@ -231,13 +242,15 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         in_name = f"{SWAP_SCOPE}/swap_in_{k}"
         dtype_attr = attr_value_pb2.AttrValue(type=tensor.dtype.as_datatype_enum)
         out_node = graph_def.node.add(name=out_name, op=SWAP_OUT_OP, device=swap_out_device)
-        out_node.input.extend([_input_ref(producer, index), "^" + swap.out_after])
+        out_node.input.append(_input_ref(producer, index))
+        if _orders(nodes, swap.out_after):
+            out_node.input.append("^" + swap.out_after)
         out_node.attr["T"].CopyFrom(dtype_attr)
         if tensor.shape.is_fully_defined():
             out_node.attr["_output_shapes"].list.shape.add().CopyFrom(tensor.shape.as_proto())
         in_node = graph_def.node.add(name=in_name, op=SWAP_IN_OP, device=device)
         in_node.input.append(out_name)
-        if swap.in_after:
+        if _orders(nodes, swap.in_after):
             in_node.input.append("^" + swap.in_after)
         in_node.attr["T"].CopyFrom(dtype_attr)
         if tensor.shape.is_fully_defined():
@@ -252,7 +265,8 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
     for swap in plan.swaps:  # after the loop: a swap may wait for a later-listed one
         swap_in_node[swap.id].input.extend("^" + swap_out_name[w] for w in swap.in_wait_for)
         for op in swap.out_before:
-            nodes[op].input.append("^" + swap_out_name[swap.id])
+            if _orders(nodes, op):
+                nodes[op].input.append("^" + swap_out_name[swap.id])
 
     for node in graph_def.node:
         if not node.device:
