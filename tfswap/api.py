@@ -291,6 +291,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     captured = capture_mod.capture(concrete_fn, device=device)
     spec = _spec_for(device_spec, device)
     budget = parse_budget(memory_budget, spec.memory_bytes)
+    _warn_legacy_random(captured)
 
     if small_tensor_bytes is not None and (isinstance(small_tensor_bytes, bool) or not
                                            isinstance(small_tensor_bytes, int)
@@ -383,6 +384,24 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     raise BudgetError(
         f"after {verify_rounds} re-plans the measured peak ({measured.peak_bytes} B) still "
         f"exceeds memory_budget {budget} B; raise the budget or the safety_margin")
+
+
+def _warn_legacy_random(captured) -> None:
+    """Say that legacy stateful random ops draw a stream of their own here."""
+    import warnings
+
+    from tfswap.tf import capture as capture_mod
+
+    found = capture_mod.legacy_random_ops(captured)
+    if found:
+        warnings.warn(
+            f"this step uses {len(found)} legacy stateful random op(s) ({', '.join(found[:3])}"
+            f"{' ...' if len(found) > 3 else ''}). Their random stream lives in the kernel of "
+            "each function, so the optimized function draws its own stream from the start: its "
+            "first call draws what the user's function drew on its first call, not what the "
+            "user's function would draw next. For one shared stream use Keras layers (seed "
+            "generators), tf.random.Generator or the tf.random.stateless_* ops.",
+            RuntimeWarning, stacklevel=3)
 
 
 def _refuse_unsized(captured, lowered, source: str) -> None:

@@ -179,6 +179,27 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
     )
 
 
+# Random ops whose stream is state inside the kernel instance (TensorFlow's
+# legacy random ops, tf.random.uniform/normal/...): every function that holds
+# one draws its own stream, from the start.
+LEGACY_RANDOM_OPS = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
+    "RandomPoisson", "RandomPoissonV2"})
+
+
+def legacy_random_ops(captured: CapturedFunction) -> tuple[str, ...]:
+    """Names of the step's legacy stateful random ops (library functions included).
+
+    Example::
+
+        legacy_random_ops(capture(cf))     # ('random_uniform/RandomUniform',)
+    """
+    gd = captured.graph_def
+    nodes = list(gd.node) + [n for fn in gd.library.function for n in fn.node_def]
+    return tuple(n.name for n in nodes if n.op in LEGACY_RANDOM_OPS)
+
+
 def fingerprint(captured: CapturedFunction) -> str:
     """A hash of the captured graph's structure: node names, ops, inputs, argument shapes.
 

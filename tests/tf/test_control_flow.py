@@ -1,0 +1,273 @@
+"""Control flow and odd ops (issue #9 part 2): each optimised at a budget that
+forces swaps, training exactly like the unmodified step.
+
+Each case is compared with ``assert_array_equal`` against the captured graph
+run without swaps (tfswap's runtime on the graph Grappler made: a swap must
+not change one bit) and against the user's own ``tf.function`` (also bit
+for bit on these small models).  ``len(plan.swaps) > 0`` is asserted, so no
+case passes because nothing was moved.
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+import tfswap
+from tfswap import zoo
+from tfswap.core.budget import BudgetError
+from tfswap.tf import capture, measure, runtime
+
+from .equality import run_steps
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+L = keras.layers
+
+BATCH, WIDTH, DEPTH = 1024, 128, 6
+
+
+def optimize_with_swaps(step, fraction=0.6, generations=3):
+    """tfswap.optimize at ``fraction`` of the measured unmodified peak, or, if that
+    is below the step's working set, at 10% above the smallest budget named."""
+    captured = capture.capture(step.concrete_fn)
+    baseline = measure.measure(captured, captured.graph_def, step.batch, inter_op_threads=1)
+    budget = int(fraction * baseline.peak_bytes)
+    kwargs = dict(generations=generations, seed=0, workers=1, inputs=step.batch,
+                  profile="trace")
+    try:
+        fast = tfswap.optimize(step.concrete_fn, budget, **kwargs)
+    except BudgetError as err:
+        minimum = int(re.search(r"about (\d+) bytes", str(err)).group(1))
+        assert minimum < baseline.peak_bytes, str(err)
+        budget = min(int(1.1 * minimum), int(0.95 * baseline.peak_bytes))
+        fast = tfswap.optimize(step.concrete_fn, budget, **kwargs)
+    assert len(fast.plan.swaps) > 0, "the budget forced no swap: the test would be vacuous"
+    after = measure.measure(fast.captured, fast.graph_def, step.batch)
+    assert after.peak_bytes <= budget
+    return captured, fast
+
+
+def assert_trains_exactly(step, captured, fast, steps=3):
+    variables = fast.captured.variables
+    initial = [v.numpy() for v in variables]
+    unmodified = runtime.bind(captured, captured.graph_def)
+    (plain_l, plain_v), (got_l, got_v), (user_l, user_v) = [
+        run_steps(fn, variables, initial, step.batch, steps)
+        for fn in (unmodified, fast, step.concrete_fn)]
+    for var, value in zip(variables, initial):
+        var.assign(value)
+    np.testing.assert_array_equal(got_l, plain_l)
+    np.testing.assert_array_equal(got_l, user_l)
+    for var, a, b, c in zip(variables, plain_v, got_v, user_v):
+        np.testing.assert_array_equal(b, a, err_msg=f"{var.name} vs the captured graph")
+        np.testing.assert_array_equal(b, c, err_msg=f"{var.name} vs the user's function")
+
+
+def keras_step(name, layers, x, y):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(layers, name=name)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return zoo._train_step(name, model, (x, y), loss)
+
+
+def labels(n, classes=10):
+    return np.random.default_rng(1).integers(0, classes, n).astype(np.int32)
+
+
+def mlp_step(name, hook, final=None, seed=0):
+    """``DEPTH`` matmuls of a (BATCH, WIDTH) batch on raw variables, each output
+    passed through ``hook(k, h, saved)``; SGD on a squared error (+ ``final``)."""
+    rng = np.random.default_rng(seed)
+    weights = [tf.Variable((rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH))
+                           .astype(np.float32), name=f"w{k}") for k in range(DEPTH)]
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            h, saved = x, []
+            for k, w in enumerate(weights):
+                h = hook(k, tf.matmul(h, w), saved)
+            loss = tf.reduce_mean(tf.square(h - y))
+            if final is not None:
+                loss = final(loss, h, saved)
+        grads = tape.gradient(loss, weights)
+        for w, g in zip(weights, grads):
+            w.assign_sub(0.05 * g)
+        return {"loss": loss}
+
+    batch = tuple(rng.standard_normal((BATCH, WIDTH)).astype(np.float32) for _ in range(2))
+    cf = step.get_concrete_function(*[tf.TensorSpec(b.shape, tf.float32) for b in batch])
+    return zoo.TrainStep(name, weights, None, cf, batch)
+
+
+def test_lstm_with_a_while_loop_trains_exactly_with_swaps():
+    """Keras's LSTM, not unrolled: a While (and its gradient's While) stays one
+    opaque op; tensors around it are swapped."""
+    x = np.random.default_rng(0).standard_normal((64, 16, 128)).astype(np.float32)
+    step = keras_step("lstm_loop", [keras.Input((16, 128))]
+                      + [L.Dense(128, activation="relu") for _ in range(5)]
+                      + [L.LSTM(16, unroll=False), L.Dense(10)], x, labels(64))
+    captured, fast = optimize_with_swaps(step)
+    loops = [op for op in fast.graph.ops if op.type in ("While", "StatelessWhile")]
+    assert len(loops) == 2
+    assert_trains_exactly(step, captured, fast)
+
+
+def test_dropout_trains_exactly_with_swaps():
+    """Keras 3 Dropout: a seed-generator variable and stateless random ops."""
+    x = np.random.default_rng(0).standard_normal((BATCH, 256)).astype(np.float32)
+    blocks = [[L.Dense(WIDTH, activation="relu"), L.Dropout(0.3)] for _ in range(DEPTH)]
+    step = keras_step("dropout", [keras.Input((256,))] + sum(blocks, []) + [L.Dense(10)],
+                      x, labels(BATCH))
+    captured, fast = optimize_with_swaps(step)
+    assert any("StatelessRandom" in n.op for n in captured.graph_def.node)
+    assert_trains_exactly(step, captured, fast)
+
+
+def test_tf_cond_trains_exactly_with_swaps():
+    def hook(k, h, saved):
+        if k == 3:
+            return tf.cond(tf.reduce_mean(h) > 0, lambda: tf.nn.relu(h), lambda: tf.tanh(h))
+        return tf.nn.relu(h)
+
+    step = mlp_step("cond", hook)
+    captured, fast = optimize_with_swaps(step)
+    ifs = [op for op in fast.graph.ops if op.type in ("If", "StatelessIf")]
+    assert ifs
+    # The If saves its branch's intermediate (an Optional) for its gradient: the
+    # tensors going in and out of it are held by that state, so none is swapped.
+    held = {t for op in ifs for t in op.inputs + op.outputs}
+    assert not held & {s.tensor for s in fast.plan.swaps}
+    assert_trains_exactly(step, captured, fast)
+
+
+def test_legacy_stateful_random_ops_warn_and_draw_a_fresh_stream():
+    def hook(k, h, saved):
+        return tf.nn.relu(h) + 0.01 * tf.random.uniform(h.shape, seed=k + 1)
+
+    step = mlp_step("random", hook)
+    with pytest.warns(RuntimeWarning, match="legacy stateful random op"):
+        captured, fast = optimize_with_swaps(step)
+    # Neither fast nor the user's function has run yet: both start their stream.
+    assert_trains_exactly(step, captured, fast)
+
+
+def test_tf_print_still_prints_what_the_users_function_prints(tmp_path):
+    out = tmp_path / "printed.txt"
+
+    def hook(k, h, saved):
+        if k == 2:
+            tf.print("layer", k, tf.reduce_mean(h), output_stream=f"file://{out}")
+        return tf.nn.relu(h)
+
+    step = mlp_step("print", hook)
+    captured, fast = optimize_with_swaps(step)
+    variables = fast.captured.variables
+    initial = [v.numpy() for v in variables]
+    printed = []
+    for fn in (step.concrete_fn, fast):
+        out.write_text("")
+        run_steps(fn, variables, initial, step.batch, steps=2)
+        printed.append(out.read_text().splitlines())
+    assert len(printed[0]) == 2 and printed[1] == printed[0]
+    assert_trains_exactly(step, captured, fast)
+
+
+def test_assertions_still_run_and_still_fail():
+    def hook(k, h, saved):
+        tf.debugging.assert_less(tf.reduce_max(tf.abs(h)), 1e6, message="too large")
+        return tf.nn.relu(tf.debugging.assert_all_finite(h, "not finite"))
+
+    step = mlp_step("assert", hook)
+    captured, fast = optimize_with_swaps(step)
+    assert_trains_exactly(step, captured, fast)
+    x, y = step.batch
+    with pytest.raises(tf.errors.InvalidArgumentError, match="too large"):
+        fast(np.full_like(x, 1e6), y)
+    # NaN fails both checks (NaN < 1e6 is false); whichever runs first reports.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not finite|too large"):
+        fast(np.full_like(x, np.nan), y)
+
+
+def test_embedding_gathers_train_exactly_with_swaps():
+    """tf.nn.embedding_lookup on a variable (ResourceGather) and its sparse
+    gradient applied with a scatter update.  (Keras 3's Embedding gathers from
+    the read value instead, GatherV2: the Transformer of test_optimize.)"""
+    rng = np.random.default_rng(0)
+    table = tf.Variable(rng.standard_normal((1000, WIDTH)).astype(np.float32) * 0.1)
+    weights = [tf.Variable((rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH))
+                           .astype(np.float32)) for _ in range(4)]
+
+    @tf.function
+    def step_fn(ids, y):
+        with tf.GradientTape() as tape:
+            h = tf.reduce_mean(tf.nn.embedding_lookup(table, ids), axis=1)
+            for w in weights:
+                h = tf.nn.relu(tf.matmul(h, w))
+            loss = tf.reduce_mean(tf.square(h - y))
+        grads = tape.gradient(loss, [table] + weights)
+        table.scatter_sub(tf.IndexedSlices(0.05 * grads[0].values, grads[0].indices))
+        for w, g in zip(weights, grads[1:]):
+            w.assign_sub(0.05 * g)
+        return {"loss": loss}
+
+    batch = (rng.integers(0, 1000, (BATCH, 8)).astype(np.int32),
+             rng.standard_normal((BATCH, WIDTH)).astype(np.float32))
+    cf = step_fn.get_concrete_function(*[tf.TensorSpec(b.shape, b.dtype) for b in batch])
+    step = zoo.TrainStep("embedding", [table] + weights, None, cf, batch)
+    captured, fast = optimize_with_swaps(step)
+    assert any(n.op == "ResourceGather" for n in captured.graph_def.node)
+    assert_trains_exactly(step, captured, fast)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_trains_exactly_with_swaps(policy):
+    """Per-layer dtype policies (a global policy would leak into other tests);
+    float16 with Keras's LossScaleOptimizer, whose finite check is a tf.cond
+    that updates variables in its branches."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((WIDTH,))]
+                             + [L.Dense(WIDTH, activation="relu", dtype=policy)
+                                for _ in range(DEPTH)] + [L.Dense(10, dtype="float32")])
+    optimizer = keras.optimizers.Adam(1e-3)
+    if policy == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step_fn(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return {"loss": loss}
+
+    batch = (np.random.default_rng(0).standard_normal((BATCH, WIDTH)).astype(np.float32),
+             labels(BATCH))
+    cf = step_fn.get_concrete_function(*[tf.TensorSpec(b.shape, b.dtype) for b in batch])
+    step = zoo.TrainStep(policy, model, optimizer, cf, batch)
+    captured, fast = optimize_with_swaps(step)
+    low_precision = "float16" if policy == "mixed_float16" else "bfloat16"
+    swapped = {fast.graph.tensor(s.tensor).dtype for s in fast.plan.swaps}
+    assert low_precision in swapped, swapped
+    assert_trains_exactly(step, captured, fast)
+
+
+def test_integer_tensors_are_swapped_and_train_exactly():
+    def hook(k, h, saved):
+        if k == 1:   # an int32 tensor made early and read at the very end
+            saved.append(tf.cast(tf.round(h * 8.0), tf.int32))
+        return tf.nn.relu(h)
+
+    def final(loss, h, saved):
+        late = saved[0] + tf.cast(tf.round(h), tf.int32)   # integer math after the forward
+        return loss + 1e-3 * tf.reduce_mean(tf.cast(tf.math.floormod(late, 3), tf.float32) * h)
+
+    step = mlp_step("integers", hook, final)
+    # Near the smallest budget the long-lived int32 tensor has to go.
+    captured, fast = optimize_with_swaps(step, fraction=0.2)
+    assert "int32" in {fast.graph.tensor(s.tensor).dtype for s in fast.plan.swaps}
+    assert_trains_exactly(step, captured, fast)
