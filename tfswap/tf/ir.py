@@ -430,7 +430,9 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
                and any(t in handle_of for t in op.inputs)]
     if classify:
         graph = kinds_mod.classify(
-            graph, loss=captured.fetches, inputs=captured.feeds, variables=variables,
+            graph, loss=captured.fetches, variables=variables,
+            # An argument the step never reads (Grappler pruned it) is no input.
+            inputs=[f for f in captured.feeds if f.rpartition(":")[0] in needed],
             writers=writers, small_bytes=small_bytes)
     first_read = {}
     for op in ops:

@@ -1,0 +1,66 @@
+"""Fuzz tfswap.optimize on random TensorFlow steps (issue #9 part 3).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/fuzz.py --graphs 500 --seed 0
+
+Graph k is ``tfswap.tf.fuzz.random_step(seed + k)``; each is optimised at a
+random budget between the smallest feasible one (named by a BudgetError) and
+its measured unmodified peak, then must measure at most the budget and train
+bit for bit like the step without swaps (:func:`tfswap.tf.fuzz.check`).
+Prints one line per graph that did not pass, then a summary: graphs tried,
+passed, skipped (already fitting / infeasible, with reasons), refused, and
+failures with the seed to reproduce (``--graphs 1 --seed S``).  Exit status
+1 if any graph failed.  Runs on the emulated device.
+"""
+
+import argparse
+import collections
+import sys
+import time
+import warnings
+
+from tfswap.tf import emulate
+
+emulate.setup()
+
+from tfswap.tf import fuzz  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--graphs", type=int, default=50, help="how many random graphs")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first graph")
+    parser.add_argument("--max-ops", type=int, default=12, help="drawn ops per graph, at most")
+    parser.add_argument("--generations", type=int, default=2, help="GA generations per plan")
+    parser.add_argument("--verbose", action="store_true", help="a line for every graph")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    counts = collections.Counter()
+    reasons = collections.Counter()
+    failures = []
+    started = time.perf_counter()
+    for seed in range(args.seed, args.seed + args.graphs):
+        outcome = fuzz.check(seed, max_ops=args.max_ops, generations=args.generations)
+        counts[outcome.status] += 1
+        if outcome.status in ("fits", "infeasible"):
+            reasons[(outcome.status, outcome.detail.split(" B")[0].rstrip("0123456789 "))] += 1
+        if outcome.status == "failed":
+            failures.append(outcome)
+        if args.verbose or outcome.status in ("failed", "refused"):
+            print(f"seed {seed}: {outcome.status}: {outcome.detail}", flush=True)
+    elapsed = time.perf_counter() - started
+    print(f"\n{args.graphs} graphs (seeds {args.seed}..{args.seed + args.graphs - 1}, "
+          f"max_ops {args.max_ops}, generations {args.generations}) in {elapsed:.0f} s")
+    for status in fuzz.STATUSES:
+        print(f"  {status:10s} {counts[status]}")
+    for (status, reason), n in sorted(reasons.items()):
+        print(f"    {status}: {n} x {reason}")
+    if failures:
+        print("failures (reproduce with --graphs 1 --seed S):")
+        for outcome in failures:
+            print(f"  seed {outcome.seed}: {outcome.detail.splitlines()[-1][:300]}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
