@@ -319,7 +319,10 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     planner_budget, outside = _planner_budget(budget, lowered, safety_margin)
     notes = [f"profile: {prof.source}, {time.perf_counter() - started:.1f} s"]
 
-    if unconstrained.prediction.peak_bytes <= planner_budget:
+    # A traced profile measured the unmodified step: if that is above the
+    # budget, the model's "fits" is wrong and the step is planned (and verified).
+    measured_over = prof.source == "trace" and (prof.peak_bytes or 0) > budget
+    if unconstrained.prediction.peak_bytes <= planner_budget and not measured_over:
         notes.append("the step already fits the budget: no swaps")
         plan = _finish(dataclasses.replace(unconstrained, planner="tfswap.no-swap"), budget,
                        captured, lowered, outside)

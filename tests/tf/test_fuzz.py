@@ -1,0 +1,27 @@
+"""The fuzz property on a few random steps (the long run: benchmarks/fuzz.py)."""
+
+import pytest
+
+from tfswap.tf import fuzz
+
+# Seeds whose random budget forces swaps (see the fuzz run in benchmarks/RESULTS.md).
+SEEDS = (3, 4, 5, 15, 16)
+
+
+def test_random_steps_are_reproducible_from_their_seed():
+    a, b = fuzz.random_step(4), fuzz.random_step(4)
+    assert a.ops == b.ops and [v.shape for v in a.variables] == [v.shape for v in b.variables]
+    assert (a.batch[0] == b.batch[0]).all()
+    assert fuzz.random_step(5).ops != a.ops
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_optimize_at_a_random_feasible_budget_is_exact_and_within_it(seed):
+    outcome = fuzz.check(seed)
+    assert outcome.status == "passed", outcome.detail
+    assert outcome.swaps > 0
+
+
+def test_a_failure_is_reported_not_raised():
+    outcome = fuzz.check(0, max_ops=0)
+    assert outcome.status == "failed" and "max_ops must be >= 1" in outcome.detail
