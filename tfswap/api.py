@@ -371,7 +371,10 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
             return optimized
         from tfswap.tf import measure
 
-        measured = measure.measure(captured, optimized.graph_def, feed, runs=1, warmup=1)
+        # The worst of 3 runs: with the host's swap ops on a thread of their own,
+        # when a swap-out runs (and frees its buffer) varies from run to run
+        # (fuzz seed 1058 measured 673812 B or 853020 B for one plan).
+        measured = measure.measure(captured, optimized.graph_def, feed, runs=3, warmup=1)
         if measured.peak_bytes <= budget:
             if attempt:
                 notes.append(f"verified on the emulated device after {attempt} re-plan(s): "

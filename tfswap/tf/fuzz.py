@@ -226,7 +226,7 @@ def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2) ->
         except BudgetError as err:
             return Outcome(seed, "refused", f"budget {budget} B (named minimum {minimum} B, "
                                             f"peak {peak} B): {err}", budget)
-        after = measure.measure(fast.captured, fast.graph_def, step.batch, runs=1).peak_bytes
+        after = measure.measure(fast.captured, fast.graph_def, step.batch, runs=3).peak_bytes
         initial = [v.numpy() for v in step.variables]
         plain = runtime.bind(captured, captured.graph_def)
         ref_losses, ref_vars = _steps(plain, step.variables, initial, step.batch, steps)
