@@ -4,7 +4,8 @@ forces swaps, training exactly like the unmodified step.
 Each case is compared with ``assert_array_equal`` against the captured graph
 run without swaps (tfswap's runtime on the graph Grappler made: a swap must
 not change one bit) and against the user's own ``tf.function`` (also bit
-for bit on these small models).  ``len(plan.swaps) > 0`` is asserted, so no
+for bit on these small models), except where TF itself is not deterministic
+(the embedding's scatter update: said there).  ``len(plan.swaps) > 0`` is asserted, so no
 case passes because nothing was moved.
 """
 
@@ -18,7 +19,7 @@ from tfswap import zoo
 from tfswap.core.budget import BudgetError
 from tfswap.tf import capture, measure, runtime
 
-from .equality import run_steps
+from .equality import RTOL, run_steps, worst_relative_difference
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -48,7 +49,7 @@ def optimize_with_swaps(step, fraction=0.6, generations=3):
     return captured, fast
 
 
-def assert_trains_exactly(step, captured, fast, steps=3):
+def assert_trains_exactly(step, captured, fast, steps=3, exact=True):
     variables = fast.captured.variables
     initial = [v.numpy() for v in variables]
     unmodified = runtime.bind(captured, captured.graph_def)
@@ -57,6 +58,12 @@ def assert_trains_exactly(step, captured, fast, steps=3):
         for fn in (unmodified, fast, step.concrete_fn)]
     for var, value in zip(variables, initial):
         var.assign(value)
+    if not exact:
+        for ref_l, ref_v in ((plain_l, plain_v), (user_l, user_v)):
+            np.testing.assert_allclose(got_l, ref_l, rtol=RTOL)
+            worst, name = worst_relative_difference(ref_v, got_v, variables)
+            assert worst <= RTOL, f"{name} differs by {worst:.3g} of its scale"
+        return
     np.testing.assert_array_equal(got_l, plain_l)
     np.testing.assert_array_equal(got_l, user_l)
     for var, a, b, c in zip(variables, plain_v, got_v, user_v):
@@ -218,7 +225,10 @@ def test_embedding_gathers_train_exactly_with_swaps():
     step = zoo.TrainStep("embedding", [table] + weights, None, cf, batch)
     captured, fast = optimize_with_swaps(step)
     assert any(n.op == "ResourceGather" for n in captured.graph_def.node)
-    assert_trains_exactly(step, captured, fast)
+    # Not bit for bit: TF's CPU scatter update with repeated ids sums in a
+    # thread-dependent order (the user's function run twice from the same
+    # start differs in a few elements by ~1e-9), so within equality.RTOL.
+    assert_trains_exactly(step, captured, fast, exact=False)
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
