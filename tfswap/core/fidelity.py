@@ -22,14 +22,19 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def relative_errors(simulated: Sequence[float], measured: Sequence[float]) -> np.ndarray:
-    """(measured - simulated) / measured for each point: > 0 when the simulator is
-    optimistic (predicts less than ran)."""
+def _paired(simulated, measured) -> tuple[np.ndarray, np.ndarray]:
     sim = np.asarray(simulated, dtype=np.float64)
     got = np.asarray(measured, dtype=np.float64)
     if sim.shape != got.shape or sim.ndim != 1:
         raise ValueError(f"simulated and measured must be 1-D of one length, got shapes "
                          f"{sim.shape} and {got.shape}")
+    return sim, got
+
+
+def relative_errors(simulated: Sequence[float], measured: Sequence[float]) -> np.ndarray:
+    """(measured - simulated) / measured for each point: > 0 when the simulator is
+    optimistic (predicts less than ran)."""
+    sim, got = _paired(simulated, measured)
     if np.any(got <= 0):
         raise ValueError("measured values must be > 0 (seconds or bytes)")
     return (got - sim) / got
@@ -38,11 +43,7 @@ def relative_errors(simulated: Sequence[float], measured: Sequence[float]) -> np
 def orders_kept(simulated: Sequence[float], measured: Sequence[float]) -> int:
     """Points that keep their order (module docstring): 1 + the neighbour pairs in
     simulated order whose measured values are in the same order (ties keep it)."""
-    sim = np.asarray(simulated, dtype=np.float64)
-    got = np.asarray(measured, dtype=np.float64)
-    if sim.shape != got.shape or sim.ndim != 1:
-        raise ValueError(f"simulated and measured must be 1-D of one length, got shapes "
-                         f"{sim.shape} and {got.shape}")
+    sim, got = _paired(simulated, measured)
     if len(sim) == 0:
         return 0
     ranked = got[np.argsort(sim, kind="stable")]
@@ -52,8 +53,7 @@ def orders_kept(simulated: Sequence[float], measured: Sequence[float]) -> int:
 def pairs_kept(simulated: Sequence[float], measured: Sequence[float]) -> tuple[int, int]:
     """(pairs in the same order in both, all pairs): Kendall's concordance count,
     ties in either counted as kept."""
-    sim = np.asarray(simulated, dtype=np.float64)
-    got = np.asarray(measured, dtype=np.float64)
+    sim, got = _paired(simulated, measured)
     i, j = np.triu_indices(len(sim), k=1)
     kept = np.sign(sim[i] - sim[j]) * np.sign(got[i] - got[j]) >= 0
     return int(kept.sum()), len(i)
