@@ -245,3 +245,18 @@ def test_evaluator_rejects_bad_workers():
         Evaluator(cg, SPEC, workers=0)
     with pytest.raises(TypeError, match="Executor"):
         Evaluator(cg, SPEC, executor="dask")
+
+
+def test_random_individuals_are_topological_orders_with_allocations_in_the_budget():
+    g, cg, budget = step_graph()
+    dag = genetics.Precedence.of(g)
+    draws = search.random_individuals(g, budget, seed=5, compiled=cg)
+    seen = set()
+    for _ in range(6):
+        schedule, allocation = next(draws)
+        assert dag.is_topological(cg.order_of(schedule).astype(np.int64))
+        assert allocation.total_bytes <= budget
+        seen.add((tuple(schedule), allocation))
+    assert len(seen) > 1
+    again = search.random_individuals(g, budget, seed=5, compiled=cg)
+    assert next(again) == next(search.random_individuals(g, budget, seed=5, compiled=cg))

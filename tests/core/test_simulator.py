@@ -5,7 +5,7 @@ import pytest
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.plan import Allocation, Plan, Swap
-from tfswap.core.simulator import PlanError, simulate
+from tfswap.core.simulator import PlanError, live_peak_bytes, simulate
 
 MB = 1 << 20
 LINK = DeviceSpec("link", memory_bytes=1 << 30, peak_flops=1.0, memory_bandwidth_bytes_per_s=1.0,
@@ -76,3 +76,15 @@ def test_version1_plans_still_simulate():
         '"format_version": 2', '"format_version": 1')
     r = simulate(g, Plan.from_json(text), LINK)
     assert r.step_time_s == 7.0
+
+
+def test_live_peak_counts_buffers_at_their_own_size_not_their_class():
+    """Three 1 MB buffers live at once in 4 MB objects: the pool holds 12 MB, the
+    buffers 3 MB (what an allocator without classes would hold)."""
+    g = chain()
+    plan = Plan(schedule=("a", "b", "c", "d"), allocation=Allocation((4 * MB,), (3,), 100))
+    r = simulate(g, plan, LINK, events=True)
+    assert r.peak_bytes == 12 * MB + 100
+    assert live_peak_bytes(r, 100) == 3 * MB + 100
+    with pytest.raises(ValueError, match="events=True"):
+        live_peak_bytes(simulate(g, plan, LINK), 0)

@@ -128,3 +128,24 @@ def test_bad_arguments_are_refused(cnn):
         profile.trace(captured, step.batch, runs=0)
     with pytest.raises(ValueError, match="unknown device spec"):
         profile.analytic(captured, "tpu-v9")
+
+
+def test_trace_calibrates_times_to_the_untraced_step(cnn):
+    """Calibrated: the op times are the traced ones times one factor (so their
+    shares stay), and that factor is what the untraced runs gave."""
+    step, captured = cnn
+    raw = profile.trace(captured, step.batch, runs=1, warmup=1, calibrate=False)
+    assert raw.time_scale == 1.0
+    cal = profile.trace(captured, step.batch, runs=2, warmup=1)
+    assert cal.time_scale > 0 and cal.time_scale != 1.0
+    assert Profile.from_json(cal.to_json()).time_scale == cal.time_scale
+
+
+def test_paired_reference_runs_alternate_with_untraced_runs(cnn):
+    from tfswap.tf import measure
+
+    step, captured = cnn
+    traced = measure.run_traced(captured, captured.graph_def, step.batch, runs=1,
+                                untraced_runs=3, reference_graph_def=captured.graph_def)
+    assert len(traced.metadata) == 1
+    assert len(traced.untraced_times_s) == len(traced.reference_times_s) == 3

@@ -82,7 +82,9 @@ class Profile:
     profiles only; empty otherwise).  ``peak_bytes``: the measured device peak
     of that same run (trace only; 0 when not measured).  ``profiling_time_s``: wall
     time the profiler took.  ``runs`` / ``warmup``: traced runs whose median
-    gives the times, and untimed runs before them.
+    gives the times, and untimed runs before them.  ``time_scale``: the factor
+    a trace profile's kernel times were multiplied by so that they add up to
+    the untraced step's wall time (1.0: not calibrated).
     """
 
     source: str
@@ -93,6 +95,7 @@ class Profile:
     runs: int = 0
     warmup: int = 0
     profiling_time_s: float = 0.0
+    time_scale: float = 1.0
     _index: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):

@@ -329,20 +329,58 @@ def _initial_population(problem: _Problem, cfg: SearchConfig, default_order: np.
         bases = [default_order, greedy]
     population = [problem.default(b) for b in bases]
     population[0] = heuristic
-    n_ts = len(problem.cg.ts)
-    start_cls = heuristic.cls
     k = 0
     while len(population) < cfg.population_size:
-        base_order = bases[k % len(bases)]
+        population.append(_random_individual(problem, cfg.mode, bases[k % len(bases)],
+                                             heuristic.cls, rng, tb))
         k += 1
-        schedule = base_order if cfg.mode == "allocation" else tb.mutate_schedule(
-            base_order, rng=rng, probability=float(rng.uniform(0.0, 1.0)))
-        if cfg.mode == "schedule" or n_ts == 0:
-            population.append(problem.default(schedule))
-            continue
-        cls = genetics.mutate_classes(start_cls, float(rng.uniform(0.0, 1.0)), rng)
-        population.append(problem.fit(schedule, cls, problem.demand_counts(schedule, cls)))
     return population
+
+
+def _random_individual(problem: _Problem, mode: str, base_order: np.ndarray,
+                       start_cls: tuple[int, ...], rng: np.random.Generator,
+                       tb: base.Toolbox) -> Individual:
+    """A first-generation individual: ``base_order`` mutated at a random rate, a
+    random class map, as many objects as its schedule keeps live, cut to the budget."""
+    schedule = base_order if mode == "allocation" else tb.mutate_schedule(
+        base_order, rng=rng, probability=float(rng.uniform(0.0, 1.0)))
+    if mode == "schedule" or len(problem.cg.ts) == 0:
+        return problem.default(schedule)
+    cls = genetics.mutate_classes(start_cls, float(rng.uniform(0.0, 1.0)), rng)
+    return problem.fit(schedule, cls, problem.demand_counts(schedule, cls))
+
+
+def random_individuals(graph: DataflowGraph, budget_bytes: int, *,
+                       initial_schedule: Sequence[str] | None = None, keep: Sequence[str] = (),
+                       small_threshold_bytes: int = 1 << 20, seed: int = 0,
+                       compiled: CompiledGraph | None = None):
+    """Endless (schedule op names, Allocation) pairs drawn as the search's first
+    generation draws them (TF's order or the memory-greedy order, mutated at a
+    random rate; a random class map; counts cut to ``budget_bytes``).  Pairs
+    whose allocation cannot fit the budget are skipped.  For studies of the
+    simulator against measurement (``benchmarks/fidelity.py``).
+
+    Example::
+
+        draws = random_individuals(graph, 6 << 30, initial_schedule=tf_order, seed=1)
+        schedule, allocation = next(draws)
+        plan_swaps(graph, 6 << 30, spec, schedule=schedule, allocation=allocation)
+    """
+    cg = compiled if compiled is not None else CompiledGraph.build(
+        graph, small_threshold_bytes, keep)
+    dag = genetics.Precedence.of(graph)
+    problem = _Problem(cg, dag, budget_bytes)
+    tb = _toolbox(problem, SearchConfig(time_budget_s=None, max_generations=0))
+    rng = np.random.default_rng(seed)
+    default_order = cg.order_of(initial_schedule).astype(np.int64)
+    start_cls = problem.default(default_order).cls
+    bases = [default_order, genetics.memory_greedy_schedule(graph, dag, tie_break=default_order)]
+    k = 0
+    while True:
+        ind = _random_individual(problem, "joint", bases[k % len(bases)], start_cls, rng, tb)
+        k += 1
+        if ind.allocation is not None:
+            yield [graph.ops[int(o)].name for o in ind.schedule], ind.allocation
 
 
 def _offspring(problem: _Problem, cfg: SearchConfig, population: list[Individual],

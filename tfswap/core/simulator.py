@@ -322,6 +322,22 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
         allocation_events=tuple(alloc_events))
 
 
+def live_peak_bytes(result: SimResult, small_pool_bytes: int = 0) -> int:
+    """Peak of the bytes the pool's buffers really hold (their own sizes, not
+    their classes') plus ``small_pool_bytes``: what an allocator without size
+    classes (TF's on the emulated device) would have in use.  Needs a result
+    simulated with ``events=True``.
+    """
+    if not result.allocation_events:
+        raise ValueError("live_peak_bytes needs the allocation events: simulate with "
+                         "events=True")
+    live = peak = 0
+    for e in result.allocation_events:   # recorded in time order, releases first
+        live += e.nbytes if e.is_alloc else -e.nbytes
+        peak = max(peak, live)
+    return peak + int(small_pool_bytes)
+
+
 def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool = False,
              keep: Sequence[str] = (), allocation: Allocation | None = None,
              compiled: CompiledGraph | None = None) -> SimResult:

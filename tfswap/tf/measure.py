@@ -89,16 +89,25 @@ class TracedRuns:
     metadata: tuple            # RunMetadata (step stats, partition graphs) per run
     times_s: tuple[float, ...]  # wall time of each traced run
     variable_bytes: int         # bytes of the captured variables homed on the device
+    untraced_times_s: tuple[float, ...] = ()  # wall time of each untraced run, if asked for
+    reference_times_s: tuple[float, ...] = ()  # the reference graph's, run after each of those
 
 
 def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
                warmup: int = 1, device: str = DEVICE, config=None,
-               inter_op_threads: int = 2) -> TracedRuns:
+               inter_op_threads: int = 2, untraced_runs: int = 0,
+               reference_graph_def=None) -> TracedRuns:
     """Run ``graph_def`` (with copies of the captured variables) under FULL_TRACE.
 
     ``inputs`` are the flat argument values, in ``captured.args`` order.
     ``inter_op_threads``: the executor's thread count; 1 runs one op at a
-    time, so the trace's order is a schedule.
+    time, so the trace's order is a schedule.  ``untraced_runs``: runs timed
+    without tracing, alternating with the traced ones; their wall time is the
+    step's own (under FULL_TRACE the kernels themselves run slower).
+    ``reference_graph_def``: another graph of the same step (e.g. the
+    unmodified one), run untraced right after each untraced run, in the same
+    session on the same variables: the ratio of the two times cancels most of
+    a shared machine's changing load.
     """
     if len(inputs) != len(captured.args):
         raise ValueError(f"measure needs {len(captured.args)} inputs "
@@ -143,14 +152,21 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
                                  "tfswap can only measure steps whose resources are variables")
             else:
                 input_map[cap.name] = tf.constant(value_np)
-    present = {node.name for node in graph_def.node}  # Grappler may prune unused inputs
-    with graph.as_default():
-        fetches = tf.graph_util.import_graph_def(
-            graph_def, input_map={k: v for k, v in input_map.items()
-                                  if k.partition(":")[0] in present}, return_elements=list(captured.fetches), name="")
-        # A Session runs only what its fetches need; the step's variable
-        # updates are its control outputs.
-        targets = [graph.get_operation_by_name(n) for n in captured.control_outputs]
+    def load(gd, prefix):
+        present = {node.name for node in gd.node}  # Grappler may prune unused inputs
+        with graph.as_default():
+            outs = tf.graph_util.import_graph_def(
+                gd, input_map={k: v for k, v in input_map.items()
+                               if k.partition(":")[0] in present},
+                return_elements=list(captured.fetches), name=prefix)
+            # A Session runs only what its fetches need; the step's variable
+            # updates are its control outputs.
+            return outs, [graph.get_operation_by_name(f"{prefix}/{n}" if prefix else n)
+                          for n in captured.control_outputs]
+
+    fetches, targets = load(graph_def, "")
+    reference = load(reference_graph_def, "tfswap_reference") \
+        if reference_graph_def is not None else None
 
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
                                       output_partition_graphs=True)
@@ -159,14 +175,29 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
         sess.run(init_ops, feed_dict=init_feed)
         for _ in range(warmup):
             sess.run((fetches, targets), feed_dict=step_feed)
-        times, saved = [], []
-        for _ in range(max(1, runs)):
-            metadata = tf.compat.v1.RunMetadata()
-            start = time.perf_counter()
-            sess.run((fetches, targets), feed_dict=step_feed, options=options, run_metadata=metadata)
-            times.append(time.perf_counter() - start)
-            saved.append(metadata)
-    return TracedRuns(tuple(saved), tuple(times), variable_bytes)
+            if reference is not None:
+                sess.run(reference, feed_dict=step_feed)
+        times, saved, untraced, paired = [], [], [], []
+        # Traced and untraced runs alternate, so that a change in the machine's
+        # load touches both alike.
+        for k in range(max(1, runs, untraced_runs)):
+            if k < max(1, runs):
+                metadata = tf.compat.v1.RunMetadata()
+                start = time.perf_counter()
+                sess.run((fetches, targets), feed_dict=step_feed, options=options,
+                         run_metadata=metadata)
+                times.append(time.perf_counter() - start)
+                saved.append(metadata)
+            if k < untraced_runs:
+                start = time.perf_counter()
+                sess.run((fetches, targets), feed_dict=step_feed)
+                untraced.append(time.perf_counter() - start)
+                if reference is not None:
+                    start = time.perf_counter()
+                    sess.run(reference, feed_dict=step_feed)
+                    paired.append(time.perf_counter() - start)
+    return TracedRuns(tuple(saved), tuple(times), variable_bytes, tuple(untraced),
+                      tuple(paired))
 
 
 def measure(captured: CapturedFunction, graph_def, inputs, runs: int = 3,

@@ -1,0 +1,207 @@
+"""Simulator fidelity (issue #7 part 5, SwapAdvisor Fig. 11): simulated against measured.
+
+    .venv/bin/python benchmarks/fidelity.py [--models cnn,bert,lstm] [--count 20]
+        [--fraction 0.6] [--runs 5] [--inter-op-threads 1] [--out benchmarks/out]
+
+On the emulated device (CPU:0 plays the device, CPU:1 the host), for each
+model: measure the unmodified step's device peak, profile it with the trace
+profiler, and take a budget of ``--fraction`` of that peak.  Draw random
+individuals as the genetic search's first generation draws them
+(``tfswap.core.search.random_individuals``: TF's or the memory-greedy order
+mutated at a random rate, a random class map, counts cut to the budget);
+one the planner rejects (an op cannot get its objects) is replaced by the
+next draw, until ``--count`` plans exist.  Each plan is rewritten and run
+(``tfswap.tf.measure``, ``--runs`` traced runs after one warm-up, median
+step time, ``--inter-op-threads`` executor threads), and compared with the
+simulator's step time and peak.  Two simulated peaks: the pool's (objects
+at their class's size, what the pool allocator would hold on a GPU) and the
+live bytes of the same simulation (buffers at their own size, what TF's
+allocator holds on the emulated device, so the one to compare there).
+
+Writes ``fidelity.csv`` (one row per individual) and prints the per-model
+Markdown table (``tfswap.core.fidelity``: errors are (measured -
+simulated) / measured; "orders kept" as in the paper's Fig. 11).
+"""
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tfswap.tf import emulate  # noqa: E402
+
+emulate.setup()
+
+import numpy as np  # noqa: E402
+
+from tfswap import api, zoo  # noqa: E402
+from tfswap.core import fidelity, simulator  # noqa: E402
+from tfswap.core.compiled import CompiledGraph  # noqa: E402
+from tfswap.core.devices import cpu_emulated  # noqa: E402
+from tfswap.core.planner import plan_swaps  # noqa: E402
+from tfswap.core.search import random_individuals  # noqa: E402
+from tfswap.tf import capture, measure, rewrite  # noqa: E402
+from tfswap.tf import profile as profiler  # noqa: E402
+from tfswap.tf.profile import _node_nanos  # noqa: E402
+
+# Sizes whose step runs in well under a second here, with activations (not
+# parameters, which stay on the device) making most of the peak.
+MODELS = {
+    "cnn": lambda: zoo.cnn(batch=32, image=32),
+    "bert": lambda: zoo.bert(batch=16, seq=128, dim=128, layers=2),
+    "lstm": lambda: zoo.lstm(batch=16, steps=24, features=32, units=64, layers=4),
+}
+FIELDS = ("model", "individual", "draws", "swaps", "swap_out_bytes", "ideal_time_s",
+          "sim_time_s", "measured_time_s", "measured_times_s", "sim_pool_peak_bytes",
+          "sim_live_peak_bytes", "measured_peak_bytes", "budget_bytes",
+          "unmodified_peak_bytes", "unmodified_time_s", "time_scale", "reference_time_s",
+          "measured_ratio", "sim_ratio", "swap_kernel_traced_s")
+
+
+def study(name: str, count: int, fraction: float, runs: int, threads: int, seed: int,
+          calibrate: bool):
+    """Rows (dicts of FIELDS) for ``count`` random individuals of model ``name``."""
+    step = MODELS[name]()
+    captured = capture.capture(step.concrete_fn)
+    base = measure.run_traced(captured, captured.graph_def, step.batch, runs=2,
+                              inter_op_threads=threads, untraced_runs=runs)
+    base_peak = max(measure.transient_peak(md.step_stats) for md in base.metadata) \
+        + base.variable_bytes
+    prof = profiler.trace(captured, step.batch, runs=runs, calibrate=calibrate)
+    spec = cpu_emulated()
+    stage = api._Stage.lower(captured, prof, spec, api._small_threshold(prof.peak_bytes))
+    budget = int(fraction * base_peak)
+    planner_budget, outside = api._planner_budget(budget, stage.lowered, 0.05)
+    # The unmodified step as simulated (TF's order, no swaps): what the paired
+    # reference runs measure.
+    ideal = stage.unconstrained.prediction.step_time_s
+    cg = CompiledGraph.build(stage.graph, stage.small, stage.keep)
+    draws = random_individuals(stage.graph, planner_budget, initial_schedule=stage.schedule,
+                               keep=stage.keep, small_threshold_bytes=stage.small, seed=seed,
+                               compiled=cg)
+    rows, drawn = [], 0
+    while len(rows) < count:
+        schedule, allocation = next(draws)
+        drawn += 1
+        if drawn > 50 * count:
+            raise RuntimeError(f"{name}: the planner rejected {drawn - len(rows)} of {drawn} "
+                               "draws; raise --fraction")
+        try:
+            plan = plan_swaps(stage.graph, planner_budget, spec, schedule=schedule,
+                              allocation=allocation, keep=stage.keep,
+                              small_threshold_bytes=stage.small, compiled=cg)
+        except ValueError:   # InfeasibleAllocation, PlanError: draw another
+            continue
+        sim = simulator.simulate(stage.graph, plan, spec, events=True, keep=stage.keep,
+                                 compiled=cg)
+        live = simulator.live_peak_bytes(sim, allocation.small_pool_bytes) + outside
+        final = api._finish(plan, budget, captured, stage.lowered, outside)
+        try:
+            rewritten = rewrite.rewrite(captured, final, emulate.DEVICE, emulate.HOST)
+        except rewrite.RewriteError as err:   # counted in "draws"; see RESULTS.md
+            print(f"  {name}: rewrite refused a plan: {str(err)[:200]}", flush=True)
+            continue
+        # Two traced runs for the peak; the step time from untraced runs
+        # (FULL_TRACE slows the kernels), alternating with them.
+        traced = measure.run_traced(captured, rewritten.graph_def, step.batch, runs=2,
+                                    inter_op_threads=threads, untraced_runs=runs,
+                                    reference_graph_def=captured.graph_def)
+        ratio = float(np.median(np.array(traced.untraced_times_s)
+                                / np.array(traced.reference_times_s)))
+        peak = max(measure.transient_peak(md.step_stats) for md in traced.metadata)
+        swap_nodes = {n for sw in rewritten.swaps for n in (sw.swap_out, sw.swap_in) if n}
+        swap_kernel = float(np.median([sum(
+            _node_nanos(node)[1] for dev in md.step_stats.dev_stats for node in dev.node_stats
+            if node.node_name in swap_nodes) * 1e-9 for md in traced.metadata]))
+        rows.append(dict(
+            model=name, individual=len(rows), draws=drawn, swaps=len(plan.swaps),
+            swap_out_bytes=plan.prediction.swap_out_bytes,
+            ideal_time_s=plan.prediction.ideal_time_s, sim_time_s=plan.prediction.step_time_s,
+            measured_time_s=float(np.median(traced.untraced_times_s)),
+            measured_times_s=" ".join(f"{t:.6f}" for t in traced.untraced_times_s),
+            sim_pool_peak_bytes=final.prediction.peak_bytes, sim_live_peak_bytes=live,
+            measured_peak_bytes=peak + traced.variable_bytes, budget_bytes=budget,
+            unmodified_peak_bytes=base_peak,
+            unmodified_time_s=float(np.median(base.untraced_times_s)),
+            time_scale=prof.time_scale,
+            reference_time_s=float(np.median(traced.reference_times_s)),
+            measured_ratio=ratio, sim_ratio=plan.prediction.step_time_s / ideal,
+            swap_kernel_traced_s=swap_kernel))
+        r = rows[-1]
+        print(f"  {name} #{r['individual']:2d}: {r['swaps']:3d} swaps, sim "
+              f"{r['sim_time_s'] * 1e3:8.2f} ms, measured {r['measured_time_s'] * 1e3:8.2f} ms"
+              f" (x{ratio:.3f} of unmodified, sim x{r['sim_ratio']:.3f});"
+              f" peak sim live {live} pool {r['sim_pool_peak_bytes']} measured "
+              f"{r['measured_peak_bytes']}", flush=True)
+    return rows
+
+
+def table(rows) -> str:
+    """The per-model Markdown table."""
+    lines = ["| model | n | budget (% of peak) | median abs time error | max abs time error "
+             "| median time error | median abs peak error (live) | max abs peak error (live) "
+             "| median abs peak error (pool) | orders kept | pairs kept "
+             "| median abs slowdown error (paired) | median run spread |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == name]
+        t = fidelity.summary([r["sim_time_s"] for r in mine],
+                             [r["measured_time_s"] for r in mine])
+        live = np.abs(fidelity.relative_errors([r["sim_live_peak_bytes"] for r in mine],
+                                               [r["measured_peak_bytes"] for r in mine]))
+        pool = np.abs(fidelity.relative_errors([r["sim_pool_peak_bytes"] for r in mine],
+                                               [r["measured_peak_bytes"] for r in mine]))
+        share = mine[0]["budget_bytes"] / mine[0]["unmodified_peak_bytes"]
+        slow = np.abs(fidelity.relative_errors([r["sim_ratio"] for r in mine],
+                                               [r["measured_ratio"] for r in mine]))
+        spread = np.median([fidelity.spread([float(x) for x in r["measured_times_s"].split()])
+                            for r in mine])
+        lines.append(
+            f"| {name} | {t['n']} | {share:.0%} | {t['median_abs_error']:.1%} "
+            f"| {t['max_abs_error']:.1%} | {t['median_error']:+.1%} | {np.median(live):.1%} "
+            f"| {live.max():.1%} | {np.median(pool):.1%} | {t['orders_kept']}/{t['n']} "
+            f"| {t['pairs_kept']}/{t['pairs']} | {np.median(slow):.1%} | {spread:.0%} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--count", type=int, default=20)
+    parser.add_argument("--fraction", type=float, default=0.6)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--inter-op-threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--uncalibrated", action="store_true",
+                        help="keep the trace profile's kernel times as traced")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    parser.add_argument("--table-from", type=Path, nargs="+",
+                        help="print the table of these CSVs (rows concatenated) and exit")
+    args = parser.parse_args()
+    if args.table_from:
+        rows = [{k: (v if k in ("model", "measured_times_s") else float(v))
+                 for k, v in r.items()} for p in args.table_from for r in csv.DictReader(p.open())]
+        print(table(rows))
+        return
+    rows = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "fidelity.csv"
+    for name in args.models.split(","):
+        t0 = time.perf_counter()
+        rows += study(name, args.count, args.fraction, args.runs, args.inter_op_threads,
+                      args.seed, not args.uncalibrated)
+        print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
+        with path.open("w", newline="") as f:   # after each model: a long run keeps its rows
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+    print(table(rows))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
