@@ -70,10 +70,11 @@ def data(name, n):
             rng.integers(0, VOCAB, (n, 64)).astype(np.int32))
 
 
-# name -> (builder, batch size, samples, validation samples or 0, steps_per_execution):
-# no sample count is a multiple of the batch.  The Transformer's 5 batches make
-# executions of 4 and 1 (the smaller last batch).
-CASES = {"cnn": (cnn, 32, 40, 0, 1), "transformer": (transformer, 8, 36, 12, 4)}
+# name -> (builder, batch size, samples, validation samples or 0, steps_per_execution).
+# The Transformer's samples are not a multiple of the batch: its 5 batches make
+# executions of 4 and 1 (the smaller last batch), and validation has a smaller last
+# batch too.  The CNN's are one batch (each step shape costs a profile and a plan).
+CASES = {"cnn": (cnn, 32, 32, 0, 1), "transformer": (transformer, 8, 36, 12, 4)}
 
 
 def twins(name):
@@ -178,18 +179,18 @@ def test_training_step_measured_peak_is_within_half_the_unmodified_peak(trained)
 
 
 def test_the_smaller_last_batch_and_validation_get_plans_of_their_own(trained):
-    b, n, x, y = trained["batch_size"], len(trained["x"]), trained["x"], trained["y"]
-    last, n_val = n % b, trained["n_val"]
-    functions = trained["callback"].functions
+    b, n = trained["batch_size"], len(trained["x"])
+    n_val, functions = trained["n_val"], trained["callback"].functions
     signatures = {kind: {sig[0][1][0] for k, sig in functions if k == kind}
                   for kind in ("train", "test")}
-    validation = {b, n_val % b} if n_val else set()
-    assert signatures["train"] == {b, last}
+    assert signatures["train"] == {b, n % b} - {0}
+    validation = {b, n_val % b} - {0} if n_val else set()
     assert validation <= signatures["test"]   # (evaluate may have planned more by now)
-    # Measured by optimize's own verification run of the rewritten step.
-    fast = functions[("train", tfswap.keras.batch_signature((x[-last:], y[-last:])))]
-    assert fast.measured_peak_bytes is not None
-    assert fast.measured_peak_bytes <= trained["budget"]
+    # Each measured by optimize's own verification run of the rewritten step.
+    for (kind, _), fast in functions.items():
+        if kind == "train":
+            assert fast.measured_peak_bytes is not None
+            assert fast.measured_peak_bytes <= trained["budget"]
 
 
 def test_model_stays_usable_after_fit(trained, tmp_path):
@@ -213,11 +214,9 @@ def test_evaluate_and_predict_with_the_callback_plan_those_steps(trained):
     """The callback fit used, passed to evaluate and predict: it plans their steps
     (the Transformer's test steps are the ones validation planned; with
     steps_per_execution=4 predict concatenates each execution's batches as Keras
-    does).  The CNN evaluates and predicts one batch, one signature."""
+    does)."""
     model, b, callback = trained["model"], trained["batch_size"], trained["callback"]
     x, y = trained["x"], trained["y"]
-    if trained["steps_per_execution"] == 1:
-        x, y = x[:b], y[:b]
     plain = model.evaluate(x, y, batch_size=b, verbose=0)
     planned = model.evaluate(x, y, batch_size=b, verbose=0, callbacks=[callback])
     np.testing.assert_allclose(planned, plain, rtol=RTOL)
@@ -231,16 +230,17 @@ def test_evaluate_and_predict_with_the_callback_plan_those_steps(trained):
 
 
 def two_headed():
-    """Dict inputs, two outputs with loss weights and a metric each, and sample weights."""
+    """Dict inputs, two outputs with loss weights and a metric each, and sample weights;
+    an 8-layer MLP (width 128) whose stored activations at batch 1024 dominate the step."""
     keras.utils.set_random_seed(0)
     L = keras.layers
-    image, extra = keras.Input((32, 32, 3), name="image"), keras.Input((4,), name="extra")
-    h = image
+    features, extra = keras.Input((128,), name="features"), keras.Input((4,), name="extra")
+    h = features
     for _ in range(8):
-        h = L.ReLU()(L.BatchNormalization()(L.Conv2D(16, 3, padding="same", use_bias=False)(h)))
-    h = L.Concatenate()([L.GlobalAveragePooling2D()(h), extra])
+        h = L.Dense(128, activation="relu")(h)
+    h = L.Concatenate()([h, extra])
     outputs = {"label": L.Dense(10, name="label")(h), "value": L.Dense(1, name="value")(h)}
-    model = keras.Model({"image": image, "extra": extra}, outputs)
+    model = keras.Model({"features": features, "extra": extra}, outputs)
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss={"label": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                         "value": keras.losses.MeanSquaredError()},
@@ -253,9 +253,9 @@ def test_dict_inputs_two_outputs_loss_weights_and_sample_weights():
     # A multiple of the batch: Keras weights each output's "<name>_loss" log by the
     # batch size it read when tracing, and its retrace for a smaller last batch
     # reads None (weight 1); a planned step has a static size (README, Keras).
-    b, n = 16, 32
+    b, n = 1024, 2048
     rng = np.random.default_rng(2)
-    x = {"image": rng.standard_normal((n, 32, 32, 3), dtype=np.float32),
+    x = {"features": rng.standard_normal((n, 128), dtype=np.float32),
          "extra": rng.standard_normal((n, 4), dtype=np.float32)}
     y = {"label": rng.integers(0, 10, n).astype(np.int32),
          "value": rng.standard_normal((n, 1), dtype=np.float32)}
@@ -264,9 +264,8 @@ def test_dict_inputs_two_outputs_loss_weights_and_sample_weights():
     model.set_weights(reference.get_weights())
     ref_history, ref_logs = fit(reference, x, y, b, epochs=1, sample_weight=weights)
     first = ({k: v[:b] for k, v in x.items()}, {k: v[:b] for k, v in y.items()}, weights[:b])
-    # 8 blocks at batch 16: one conv's ~30 MB scratch is most of the peak, so only
-    # a mild budget is feasible; the point here is the batch structure.
-    budget = int(0.85 * unmodified_peak(model, first))
+    # The smallest feasible budget is about 32% of the unmodified peak.
+    budget = int(0.5 * unmodified_peak(model, first))
     callback = tfswap.keras.SwapCallback(budget, generations=3, workers=1, verbose=0)
     history, logs = fit(model, x, y, b, [callback], epochs=1, sample_weight=weights)
     assert {"label_accuracy", "value_mae", "label_loss", "value_loss"} <= set(history)
