@@ -230,17 +230,16 @@ def test_evaluate_and_predict_with_the_callback_plan_those_steps(trained):
 
 
 def two_headed():
-    """Dict inputs, two outputs with loss weights and a metric each, and sample weights;
-    an 8-layer MLP (width 128) whose stored activations at batch 1024 dominate the step."""
+    """Dict inputs, two outputs with loss weights and a metric each, and sample weights."""
     keras.utils.set_random_seed(0)
     L = keras.layers
-    features, extra = keras.Input((128,), name="features"), keras.Input((4,), name="extra")
-    h = features
+    image, extra = keras.Input((32, 32, 3), name="image"), keras.Input((4,), name="extra")
+    h = image
     for _ in range(8):
-        h = L.Dense(128, activation="relu")(h)
-    h = L.Concatenate()([h, extra])
+        h = L.ReLU()(L.BatchNormalization()(L.Conv2D(16, 3, padding="same", use_bias=False)(h)))
+    h = L.Concatenate()([L.GlobalAveragePooling2D()(h), extra])
     outputs = {"label": L.Dense(10, name="label")(h), "value": L.Dense(1, name="value")(h)}
-    model = keras.Model({"features": features, "extra": extra}, outputs)
+    model = keras.Model({"image": image, "extra": extra}, outputs)
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss={"label": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                         "value": keras.losses.MeanSquaredError()},
@@ -253,9 +252,9 @@ def test_dict_inputs_two_outputs_loss_weights_and_sample_weights():
     # A multiple of the batch: Keras weights each output's "<name>_loss" log by the
     # batch size it read when tracing, and its retrace for a smaller last batch
     # reads None (weight 1); a planned step has a static size (README, Keras).
-    b, n = 1024, 2048
+    b, n = 16, 32
     rng = np.random.default_rng(2)
-    x = {"features": rng.standard_normal((n, 128), dtype=np.float32),
+    x = {"image": rng.standard_normal((n, 32, 32, 3), dtype=np.float32),
          "extra": rng.standard_normal((n, 4), dtype=np.float32)}
     y = {"label": rng.integers(0, 10, n).astype(np.int32),
          "value": rng.standard_normal((n, 1), dtype=np.float32)}
@@ -264,8 +263,9 @@ def test_dict_inputs_two_outputs_loss_weights_and_sample_weights():
     model.set_weights(reference.get_weights())
     ref_history, ref_logs = fit(reference, x, y, b, epochs=1, sample_weight=weights)
     first = ({k: v[:b] for k, v in x.items()}, {k: v[:b] for k, v in y.items()}, weights[:b])
-    # The smallest feasible budget is about 32% of the unmodified peak.
-    budget = int(0.5 * unmodified_peak(model, first))
+    # 8 blocks at batch 16: one conv's ~30 MB scratch is most of the peak, so only
+    # a mild budget is feasible; the point here is the batch structure.
+    budget = int(0.85 * unmodified_peak(model, first))
     callback = tfswap.keras.SwapCallback(budget, generations=3, workers=1, verbose=0)
     history, logs = fit(model, x, y, b, [callback], epochs=1, sample_weight=weights)
     assert {"label_accuracy", "value_mae", "label_loss", "value_loss"} <= set(history)
