@@ -4,16 +4,30 @@ Importing ``tfswap`` does not import TensorFlow; ``tfswap.core`` never does.
 TensorFlow-facing code lives in ``tfswap.tf`` and ``tfswap.ops`` and is
 imported when :func:`optimize` or :func:`load_plan` first runs.
 
+``tfswap.keras`` (the Keras callback) imports Keras, so it is loaded on
+first use, not with ``tfswap``.
+
 Example::
 
     fast = tfswap.optimize(concrete_fn, memory_budget="12GiB")
     fast(x, y)
+    model.fit(ds, callbacks=[tfswap.keras.SwapCallback(memory_budget="12GiB")])
 """
+
+import importlib
 
 from tfswap.api import NoDeviceError, OptimizedFunction, PlanMismatchError, load_plan, optimize
 from tfswap.core.budget import BudgetError
 from tfswap.core.plan import Plan, Prediction, Swap
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name == "keras":
+        return importlib.import_module("tfswap.keras")
+    raise AttributeError(f"module 'tfswap' has no attribute {name!r}")
+
+
 __all__ = ["BudgetError", "NoDeviceError", "OptimizedFunction", "Plan", "PlanMismatchError",
            "Prediction", "Swap", "load_plan", "optimize", "__version__"]

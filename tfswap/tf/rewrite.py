@@ -12,6 +12,11 @@ For each swap (SwapAdvisor §4.2, Fig. 3):
 * the listed consumers read the SwapIn's output; every other reader keeps
   reading the original.
 
+A tensor can make several round trips.  From the second on, the device holds
+the previous SwapIn's copy (its consumers, views such as a Reshape included,
+were re-pointed to it), so that copy is what leaves and what the consumers
+read through their views; the original is swapped only where they read it.
+
 Consecutive ops of the schedule are chained with control edges so the
 executor runs them in the planned order.  The function never mutates its
 input.
@@ -132,6 +137,18 @@ def _orders(nodes: dict, name: str) -> bool:
     return bool(name) and nodes[name].op != "Placeholder"
 
 
+def _source(nodes: dict, swap, tensor: tuple[str, int], copy_of: dict) -> tuple[str, int]:
+    """What ``swap`` moves: the latest SwapIn copy of ``tensor`` if every consumer
+    reads it (or a view of it), else the original if they all read that."""
+    candidates = [(copy_of[tensor], 0)] if tensor in copy_of else []
+    for source in candidates + [tensor]:
+        if all(_reads(nodes, nodes[c], source) for c in swap.consumers):
+            return source
+    consumer = next(c for c in swap.consumers if not _reads(nodes, nodes[c], tensor))
+    raise RewriteError(f"swap {swap.id!r}: {consumer!r} does not read {swap.tensor} "
+                       "(or a view of it)")
+
+
 def _device_kind(device: str) -> str:
     return tf.DeviceSpec.from_string(device).device_type or ""
 
@@ -199,10 +216,15 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
     # buffer is host memory in the step stats.
     swap_out_device = host if _device_kind(device) == "CPU" else device
 
-    swap_nodes = []
+    swap_nodes = {}  # by index in plan.swaps: RewrittenGraph.swaps keeps its order
     swap_out_name = {}
     swap_in_node = {}
-    for k, swap in enumerate(plan.swaps):
+    copy_of: dict[tuple[str, int], str] = {}  # tensor -> SwapIn of its latest round trip
+    # Round trips of one tensor in step order: a later one may move the earlier's copy.
+    by_step = sorted(range(len(plan.swaps)),
+                     key=lambda k: position.get(plan.swaps[k].out_after, -1))
+    for k in by_step:
+        swap = plan.swaps[k]
         if swap.kind == "recompute":
             raise RewriteError(
                 f"swap {swap.id!r} recomputes {swap.tensor!r}; this rewrite cannot re-run ops "
@@ -229,9 +251,8 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         for consumer in swap.consumers:
             if consumer not in nodes:
                 raise RewriteError(f"swap {swap.id!r}: consumer {consumer!r} is not in the graph")
-            if not _reads(nodes, nodes[consumer], (producer, index)):
-                raise RewriteError(f"swap {swap.id!r}: {consumer!r} does not read {swap.tensor} "
-                                   "(or a view of it)")
+        source = _source(nodes, swap, (producer, index), copy_of)
+        for consumer in swap.consumers:
             if swap.in_after in position and consumer in position \
                     and position[consumer] <= position[swap.in_after]:
                 raise RewriteError(
@@ -242,7 +263,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         in_name = f"{SWAP_SCOPE}/swap_in_{k}"
         dtype_attr = attr_value_pb2.AttrValue(type=tensor.dtype.as_datatype_enum)
         out_node = graph_def.node.add(name=out_name, op=SWAP_OUT_OP, device=swap_out_device)
-        out_node.input.append(_input_ref(producer, index))
+        out_node.input.append(_input_ref(*source))
         if _orders(nodes, swap.out_after):
             out_node.input.append("^" + swap.out_after)
         out_node.attr["T"].CopyFrom(dtype_attr)
@@ -257,10 +278,11 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
             in_node.attr["_output_shapes"].CopyFrom(out_node.attr["_output_shapes"])
         swap_out_name[swap.id] = out_name
         swap_in_node[swap.id] = in_node
-        swap_nodes.append(SwapNodes(swap.id, swap.tensor, out_name, in_name))
+        swap_nodes[k] = SwapNodes(swap.id, swap.tensor, out_name, in_name)
 
         for consumer in swap.consumers:
-            _repoint(graph_def, nodes, nodes[consumer], (producer, index), in_name, k)
+            _repoint(graph_def, nodes, nodes[consumer], source, in_name, k)
+        copy_of[(producer, index)] = in_name
 
     for swap in plan.swaps:  # after the loop: a swap may wait for a later-listed one
         swap_in_node[swap.id].input.extend("^" + swap_out_name[w] for w in swap.in_wait_for)
@@ -283,4 +305,5 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
             previous = op
 
     topological_order(graph_def)  # raises on a cycle
-    return RewrittenGraph(graph_def, tuple(swap_nodes), plan.schedule, device, host)
+    return RewrittenGraph(graph_def, tuple(swap_nodes[k] for k in sorted(swap_nodes)),
+                          plan.schedule, device, host)

@@ -1,0 +1,386 @@
+"""Swapping for Keras: one callback, ``model.fit(..., callbacks=[SwapCallback(...)])``.
+
+Keras 3 on the TensorFlow backend builds ``model.train_function`` (and the
+test and predict functions) before it calls the callbacks' ``on_*_begin``.
+:class:`SwapCallback` swaps that function for one that runs, per batch, a
+step optimised by :func:`tfswap.optimize`, and puts Keras's own back at the
+matching ``on_*_end``.  The optimised step is Keras's own ``train_step`` (or
+``test_step`` / ``predict_step``) captured for the batch's exact shapes and
+bound to the model's live variables, so weights, optimizer state and metric
+state stay the user's objects: logs, ``get_weights``, ``save`` and other
+callbacks see what they would see without the callback.
+
+Plans are made lazily, on the first batch of each input signature (shapes
+and dtypes), because only then is the batch ``fit`` feeds known; a last,
+smaller batch gets a plan of its own (or, with ``new_shapes="original"``,
+runs Keras's step after one warning).
+
+Example::
+
+    import tfswap
+    from tfswap.tf import emulate
+    emulate.setup()                     # no GPU here: CPU:0 plays the device
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    model.fit(x, y, batch_size=32, epochs=2,
+              callbacks=[tfswap.keras.SwapCallback(memory_budget="12MiB", search_time=30)])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.util import nest
+
+import tfswap
+from tfswap.core.budget import parse_budget
+
+KINDS = ("train", "test", "predict")
+NEW_SHAPES = ("plan", "original")
+
+
+def _require_tensorflow_backend() -> None:
+    if keras.backend.backend() != "tensorflow":
+        raise RuntimeError(
+            f"tfswap.keras needs Keras on the TensorFlow backend, this Keras uses "
+            f"{keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow before importing keras.")
+
+
+def batch_signature(data) -> tuple:
+    """The key plans are cached under: each tensor's place, shape and dtype.
+
+    Raises TypeError naming the first leaf that is not a tensor or array.
+    """
+    leaves = nest.flatten_with_joined_string_paths(data)
+    key = []
+    for path, leaf in leaves:
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            raise TypeError(f"batch element {path or '<root>'} is a {type(leaf).__name__}, not a "
+                            "tensor; tfswap plans steps over tensors only")
+        key.append((path, tuple(leaf.shape), tf.as_dtype(leaf.dtype).name))
+    return tuple(key)
+
+
+def _specs(data):
+    return tf.nest.map_structure(
+        lambda t: tf.TensorSpec(tuple(t.shape), tf.as_dtype(t.dtype)), data)
+
+
+def build_for(model, data, kind: str = "train") -> None:
+    """Create the model's (and for "train"/"test" the metrics' and optimizer's)
+    variables for ``data`` if missing.
+
+    Keras builds them while tracing its first step; a step tfswap captures
+    must find them existing, so that they are captured, not created, by it.
+    """
+    if kind == "predict":  # no targets: build the layers only
+        if not model.built:
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+            model(tf.nest.map_structure(lambda t: keras.KerasTensor(
+                tuple(t.shape), keras.backend.standardize_dtype(t.dtype)), x))
+        return
+    # Keras's TF trainer builds this way itself under a distribution strategy.
+    with model.distribute_strategy.scope():
+        model._symbolic_build(data_batch=data)
+
+
+def step_function(model, data, kind: str = "train"):
+    """The ConcreteFunction of one Keras step for batches shaped like ``data``.
+
+    ``kind``: "train" (``model.train_step``, which updates the weights, the
+    optimizer and the metrics), "test" (``model.test_step``) or "predict"
+    (``model.predict_step``).  ``data``: one batch as ``fit`` feeds it, e.g.
+    ``(x, y)``.  This is what :class:`SwapCallback` hands to
+    :func:`tfswap.optimize`; use it to measure the unmodified step::
+
+        cf = tfswap.keras.step_function(model, (x[:32], y[:32]))
+        captured = tfswap.tf.capture.capture(cf)
+        tfswap.tf.measure.measure(captured, captured.graph_def, [x[:32], y[:32]])
+    """
+    _require_tensorflow_backend()
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    step = {"train": model.train_step, "test": model.test_step,
+            "predict": model.predict_step}[kind]
+    strategy = model.distribute_strategy
+
+    build_for(model, data, kind)
+
+    def one_step(batch):
+        return strategy.run(step, args=(batch,))
+
+    return tf.function(one_step, autograph=False).get_concrete_function(_specs(data))
+
+
+class SwapCallback(keras.callbacks.Callback):
+    """Run ``fit`` (and ``evaluate`` / ``predict``) on steps that fit ``memory_budget``.
+
+    ``memory_budget``: device bytes (int), a string such as "12GiB", or a
+    fraction of the device's memory.  ``device_spec``, ``search_time``,
+    ``generations``, ``seed``, ``workers``, ``safety_margin``, ``device``,
+    ``host``: passed to :func:`tfswap.optimize` for every plan.
+    ``plan_path``: a directory; each plan is saved there under a name made
+    of the step kind and the batch signature, and loaded from there next
+    time if it was made for the same graph and budget (else re-planned and
+    saved).  ``verbose``: 1 prints each plan's summary when it is made or
+    loaded, 0 prints nothing.  ``new_shapes``: what a batch of a shape not
+    seen before (a smaller last batch) gets: "plan" (a plan of its own,
+    cached) or "original" (Keras's unmodified step, with one warning;
+    only the first signature of each kind is planned).  ``inference``:
+    also plan ``evaluate``/validation and ``predict`` steps when the
+    callback is passed there (True), or leave them to Keras (False).
+
+    After use, ``functions`` maps (kind, signature) to the
+    :class:`tfswap.OptimizedFunction` that ran (None where Keras's step ran).
+
+    One log can differ from Keras's: for a model with several outputs, Keras
+    weights each output's ``<name>_loss`` log by the batch size it reads
+    when it traces its step, and the step it retraces for a smaller last
+    batch reads an unknown size (weight 1).  Planned steps have static
+    shapes, so every batch is weighted by its size.  The total ``loss``,
+    the metrics and the weights are unaffected.
+
+    Not supported (a clear error at ``fit``): ``tf.distribute`` strategies
+    and ``run_eagerly=True``.  With ``jit_compile=True`` (Keras's "auto"
+    where a GPU exists) the planned steps run without XLA, after a warning.
+
+    Example::
+
+        cb = tfswap.keras.SwapCallback(memory_budget="6GiB", generations=20, seed=0,
+                                       plan_path="plans/")
+        model.fit(ds, epochs=3, callbacks=[cb])
+        model.evaluate(test_ds, callbacks=[cb])     # plans the test step too
+    """
+
+    def __init__(self, memory_budget, device_spec=None, search_time: float = 60.0,
+                 plan_path=None, verbose: int = 1, *, generations: int | None = None,
+                 seed: int = 0, workers: int | None = None, safety_margin: float = 0.05,
+                 device: str | None = None, host: str | None = None,
+                 new_shapes: str = "plan", inference: bool = True):
+        super().__init__()
+        _require_tensorflow_backend()
+        if isinstance(memory_budget, bool) or memory_budget is None:
+            raise ValueError(f"memory_budget must be bytes, a size string such as '12GiB' or a "
+                             f"fraction of the device's memory, got {memory_budget!r}")
+        if not (isinstance(search_time, (int, float)) and search_time > 0):
+            raise ValueError(f"search_time must be > 0 seconds, got {search_time!r}")
+        if generations is not None and (not isinstance(generations, int) or generations < 1):
+            raise ValueError(f"generations must be an int >= 1 or None, got {generations!r}")
+        if new_shapes not in NEW_SHAPES:
+            raise ValueError(f"new_shapes must be one of {NEW_SHAPES}, got {new_shapes!r}")
+        if isinstance(verbose, bool) or not isinstance(verbose, int) or verbose < 0:
+            raise ValueError(f"verbose must be an int >= 0, got {verbose!r}")
+        if plan_path is not None:
+            plan_path = Path(plan_path)
+            if plan_path.exists() and not plan_path.is_dir():
+                raise ValueError(f"plan_path must be a directory (plans are saved per step and "
+                                 f"batch shape), but {plan_path} is a file")
+        self.memory_budget = memory_budget
+        self.plan_path = plan_path
+        self.verbose = verbose
+        self.new_shapes = new_shapes
+        self.inference = inference
+        self._options = dict(device_spec=device_spec, search_time=float(search_time),
+                             generations=generations, seed=seed, workers=workers,
+                             safety_margin=safety_margin, device=device, host=host)
+        self.functions: dict = {}
+        self._saved: dict = {}
+        self._warned: set = set()
+
+    # -- Keras hooks: put our function in at begin, Keras's back at end.
+
+    def on_train_begin(self, logs=None):
+        self._install("train")
+
+    def on_train_end(self, logs=None):
+        self._restore("train")
+
+    def on_test_begin(self, logs=None):
+        if self.inference:
+            self._install("test")
+
+    def on_test_end(self, logs=None):
+        self._restore("test")
+
+    def on_predict_begin(self, logs=None):
+        if self.inference:
+            self._install("predict")
+
+    def on_predict_end(self, logs=None):
+        self._restore("predict")
+
+    def _install(self, kind: str) -> None:
+        model = self.model
+        if model._distribute_strategy is not None or tf.distribute.has_strategy():
+            raise RuntimeError(
+                "tfswap.keras.SwapCallback runs one device's step; it does not support "
+                "tf.distribute strategies. Build and fit the model outside strategy.scope().")
+        if getattr(model, "jit_compile", False) and "jit_compile" not in self._warned:
+            # Keras turns XLA on by default where a GPU exists ("auto"); XLA would
+            # lay out memory itself, so the planned step runs as a TF graph.
+            self._warned.add("jit_compile")
+            warnings.warn("tfswap.keras.SwapCallback: the model is compiled with jit_compile; "
+                          "the planned steps run without XLA (compile with jit_compile=False "
+                          "to compare like with like)", stacklevel=2)
+        if model.run_eagerly:
+            raise RuntimeError("tfswap.keras.SwapCallback plans graph steps; compile the model "
+                               "with run_eagerly=False.")
+        self._forget_stale_plans()
+        attr = f"{kind}_function"
+        self._saved[kind] = getattr(model, attr)
+        runner = self._predict_runner() if kind == "predict" else self._runner(kind)
+        setattr(model, attr, runner)
+
+    def _restore(self, kind: str) -> None:
+        if kind in self._saved:
+            setattr(self.model, f"{kind}_function", self._saved.pop(kind))
+
+    def _forget_stale_plans(self) -> None:
+        """Drop steps bound to variables the model no longer uses.
+
+        A plan runs on the variables it captured; after ``compile`` again (a
+        new optimizer, new metrics) or with another model, running it would
+        update the wrong objects, so those steps are planned again.
+        """
+        model = self.model
+        state = list(model.variables) + list(model.metrics_variables)
+        if model.optimizer is not None:
+            state += list(model.optimizer.variables)
+        live = {id(getattr(v, "_value", v)) for v in state}
+        stale = [key for key, fast in self.functions.items() if fast is not None and any(
+            id(v) not in live for v in fast.captured.variables)]
+        if stale and self.verbose >= 1:
+            print(f"tfswap: {len(stale)} planned step(s) captured variables this model no "
+                  "longer uses (compiled again, or another model); planning them again")
+        if stale:  # which signatures Keras's step ran was decided for the old model too
+            self.functions = {key: fast for key, fast in self.functions.items()
+                              if fast is not None and key not in stale}
+
+    # -- What fit / evaluate / predict call instead of Keras's functions.
+
+    def _runner(self, kind: str):
+        def run(iterator):
+            outputs = None
+            for data in self._batches(iterator):
+                outputs = self._step(kind, data)
+            if outputs is None:
+                raise StopIteration
+            return outputs
+
+        return self._restoring(kind, run)
+
+    def _predict_runner(self):
+        def run(data):
+            # Keras hands predict a list of one-step batches, each a tuple (x,).
+            outputs = [self._step("predict", batch) for batch in data]
+            if len(outputs) == 1:
+                return outputs[0]
+            return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *outputs)
+
+        return self._restoring("predict", run)
+
+    def _restoring(self, kind: str, run):
+        """``run``, putting Keras's function back if it fails: Keras calls no
+        ``on_*_end`` then, and would keep calling ours in later fits without us."""
+        def function(arg):
+            try:
+                return run(arg)
+            except StopIteration:
+                raise
+            except BaseException:
+                self._restore(kind)
+                raise
+
+        return function
+
+    def _batches(self, iterator):
+        """The batches of one execution: up to ``steps_per_execution`` of them."""
+        steps = self.model.steps_per_execution
+        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            for _ in range(steps):
+                optional = iterator.get_next_as_optional()
+                if not optional.has_value():
+                    return
+                yield optional.get_value()
+        else:  # train_on_batch-style Python iterables
+            for _, data in zip(range(steps), iterator):
+                yield data
+
+    def _step(self, kind: str, data):
+        try:
+            key = (kind, batch_signature(data))
+        except TypeError as err:
+            return self._keras_step(kind, data, f"{err}; Keras's own step runs it")
+        if key not in self.functions:
+            planned = [k for k in self.functions if k[0] == kind and self.functions[k]]
+            if planned and self.new_shapes == "original":
+                self.functions[key] = None
+            else:
+                self.functions[key] = self._prepare(kind, data, key)
+        fast = self.functions[key]
+        if fast is None:
+            return self._keras_step(
+                kind, data, f"a {kind} batch shaped {_shapes(key[1])} differs from the planned "
+                f"one; Keras's unmodified step runs it (new_shapes='original'), so it is not "
+                f"held to the memory budget")
+        return fast(data)
+
+    def _keras_step(self, kind: str, data, why: str):
+        if (kind, why) not in self._warned:
+            self._warned.add((kind, why))
+            warnings.warn(f"tfswap.keras.SwapCallback: {why}", stacklevel=3)
+        # Keras's own function, fed one batch the way train_on_batch feeds it.
+        keras_function = self._saved[kind]
+        return keras_function([data]) if kind == "predict" else keras_function(iter([data]))
+
+    # -- Planning.
+
+    def _prepare(self, kind: str, data, key):
+        cf = step_function(self.model, data, kind)
+        inputs = [np.asarray(leaf) for leaf in tf.nest.flatten(data)]
+        path = self._file(kind, key)
+        fast = self._load(path, cf) if path is not None and path.exists() else None
+        if fast is None:
+            fast = tfswap.optimize(cf, self.memory_budget, inputs=inputs, **self._options)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fast.plan.save(path)
+        if self.verbose >= 1:
+            print(f"tfswap: {kind} step for batches shaped {_shapes(key[1])}"
+                  + (f" (plan file {path})" if path is not None else ""))
+            print(fast.report())
+        return fast
+
+    def _load(self, path: Path, cf):
+        options = {k: self._options[k] for k in ("device", "host", "device_spec")}
+        try:
+            fast = tfswap.load_plan(path, cf, **options)
+        except tfswap.PlanMismatchError:
+            if self.verbose >= 1:
+                print(f"tfswap: {path} was made for another graph; planning again")
+            return None
+        wanted = parse_budget(self.memory_budget, fast.spec.memory_bytes)
+        if fast.plan.budget_bytes != wanted:
+            if self.verbose >= 1:
+                print(f"tfswap: {path} was made for a budget of {fast.plan.budget_bytes} bytes, "
+                      f"not {wanted}; planning again")
+            return None
+        return fast
+
+    def _file(self, kind: str, key) -> Path | None:
+        if self.plan_path is None:
+            return None
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+        return self.plan_path / f"{self.model.name}-{kind}-{digest}.plan.json"
+
+
+def _shapes(signature) -> str:
+    return ", ".join(f"{list(shape)} {dtype}" for _, shape, dtype in signature)
+
+
+__all__ = ["SwapCallback", "batch_signature", "build_for", "step_function"]
