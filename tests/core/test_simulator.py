@@ -46,7 +46,8 @@ def test_round_trip_swap_in_waits_for_its_swap_out():
     assert r.step_time_s == 7.0 and r.d2h_bytes == r.h2d_bytes == MB
 
 
-def test_concurrent_copies_run_at_half_rate():
+def prefetch_and_swap():
+    """w (a parameter) comes in after x while x:0 goes out: both copies start at 0.5 s."""
     ops = [Op("w", "ReadVariableOp"), Op("x", "X", time_s=0.5),
            Op("y", "X", ("x:0",), time_s=10.0), Op("z", "X", ("y:0", "w:0", "x:0"), time_s=1.0)]
     g = DataflowGraph.build(ops, [Tensor("w:0", MB, kind="parameter"), Tensor("x:0", MB),
@@ -55,6 +56,11 @@ def test_concurrent_copies_run_at_half_rate():
              Swap("x:0", out_after="x", in_after="y", consumers=("z",), bytes=MB))
     plan = Plan(schedule=("w", "x", "y", "z"), swaps=swaps,
                 allocation=Allocation((MB,), (4,)), resident_parameters=())
+    return g, plan
+
+
+def test_concurrent_copies_run_at_half_rate():
+    g, plan = prefetch_and_swap()
     r = simulate(g, plan, LINK, events=True)
     w_in = next(e for e in r.events if e.stream == "h2d" and e.name == "w:0")
     x_out = next(e for e in r.events if e.stream == "d2h")
@@ -110,14 +116,7 @@ def test_copy_latency_holds_each_copy_before_its_bytes_move():
 
 def test_latency_of_concurrent_copies_is_not_shared():
     """Both copies hold the link 0.5 s, then share its rate: 0.5 + 2 s each."""
-    ops = [Op("w", "ReadVariableOp"), Op("x", "X", time_s=0.5),
-           Op("y", "X", ("x:0",), time_s=10.0), Op("z", "X", ("y:0", "w:0", "x:0"), time_s=1.0)]
-    g = DataflowGraph.build(ops, [Tensor("w:0", MB, kind="parameter"), Tensor("x:0", MB),
-                                  Tensor("y:0", MB), Tensor("z:0", MB)])
-    swaps = (Swap("w:0", out_after="", in_after="x", consumers=("z",), bytes=MB, kind="prefetch"),
-             Swap("x:0", out_after="x", in_after="y", consumers=("z",), bytes=MB))
-    plan = Plan(schedule=("w", "x", "y", "z"), swaps=swaps,
-                allocation=Allocation((MB,), (4,)), resident_parameters=())
+    g, plan = prefetch_and_swap()
     spec = DeviceSpec("link", memory_bytes=1 << 30, peak_flops=1.0,
                       memory_bandwidth_bytes_per_s=1.0, h2d_bytes_per_s=MB,
                       d2h_bytes_per_s=MB, duplex_bytes_per_s=MB, copy_latency_s=0.5)
