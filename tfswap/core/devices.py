@@ -83,7 +83,10 @@ class DeviceSpec:
 # Published figures: V100-PCIe (14 TFLOP/s FP32, 900 GB/s HBM2), A100-40G-PCIe
 # (19.5 TFLOP/s FP32, 1555 GB/s), H100-PCIe (51 TFLOP/s FP32, 2000 GB/s).  Kernels
 # reach ~70% of peak FLOP/s, which is what the roofline should see.  Link rates
-# are what cudaMemcpyAsync on pinned memory achieves on PCIe 3/4/5 x16.
+# are what cudaMemcpyAsync on pinned memory achieves on PCIe 3/4/5 x16.  Their
+# copy_latency_s is left at 0: a per-call cudaMemcpyAsync overhead of 5-7 us for
+# small copies has been reported (Wu et al., "DualPath", arXiv 2602.21548, §5.2),
+# on one unnamed machine; set it with dataclasses.replace to study its effect.
 PRESETS: dict[str, DeviceSpec] = {
     "v100-16g-pcie3": DeviceSpec(
         name="v100-16g-pcie3", memory_bytes=16 * GiB, peak_flops=0.7 * 14.0e12,
