@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import time
 from dataclasses import asdict, dataclass, replace
@@ -54,8 +55,8 @@ class DeviceSpec:
                                  f"got {getattr(self, field_name)!r}")
         for field_name in ("launch_overhead_s", "copy_latency_s"):
             value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not value >= 0 or value == float("inf"):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                    or not 0 <= value < float("inf"):
                 raise ValueError(f"DeviceSpec {self.name!r}: {field_name} must be a finite "
                                  f"number of seconds >= 0, got {value!r}")
         if not isinstance(self.copies_on_compute, bool):
@@ -135,11 +136,12 @@ def cpu_emulated(memory_bytes: int = 8 * GiB, cache: bool = True, *,
     thread (``inter_op_threads=1``, as the profiler and the fidelity benchmark
     do) the swap ops are kernels on the only thread, so pass
     ``copies_on_compute=True`` and the latency ``benchmarks/copy_latency.py``
-    measures (about 25 us a copy here, benchmarks/RESULTS.md).
+    measures (5-20 us a copy on the machine in benchmarks/RESULTS.md, where the
+    rewritten LSTM's swaps cost more: see "Simulator fidelity" there).
 
     Example::
 
-        spec = cpu_emulated(copy_latency_s=25e-6, copies_on_compute=True)
+        spec = cpu_emulated(copy_latency_s=15e-6, copies_on_compute=True)
     """
     path = _cache_dir() / "host_copy_bandwidth.json"
     bw = None
