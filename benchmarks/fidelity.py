@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/fidelity.py [--models cnn,bert,lstm] [--count 20]
         [--fraction 0.6] [--runs 5] [--inter-op-threads 1] [--out benchmarks/out]
+        [--copy-latency 15e-6] [--copy-streams]
 
 On the emulated device (CPU:0 plays the device, CPU:1 the host), for each
 model: measure the unmodified step's device peak, profile it with the trace
@@ -17,6 +18,13 @@ simulator's step time and peak.  Two simulated peaks: the pool's (objects
 at their class's size, what the pool allocator would hold on a GPU) and the
 live bytes of the same simulation (buffers at their own size, what TF's
 allocator holds on the emulated device, so the one to compare there).
+
+The device model: ``cpu_emulated`` with ``--copy-latency`` seconds per copy
+(``benchmarks/copy_latency.py`` measures it) and its copies on the compute
+stream (one executor thread runs the swap ops and the compute ops alike);
+``--copy-streams`` gives the copies their own streams instead.  Every plan is
+also simulated by the model without either (three streams, no latency), the
+"streams" columns, so the two can be compared on the same runs.
 
 Writes ``fidelity.csv`` (one row per individual) and prints the per-model
 Markdown table (``tfswap.core.fidelity``: errors are (measured -
@@ -58,11 +66,13 @@ FIELDS = ("model", "individual", "draws", "swaps", "swap_out_bytes", "ideal_time
           "sim_time_s", "measured_time_s", "measured_times_s", "sim_pool_peak_bytes",
           "sim_live_peak_bytes", "measured_peak_bytes", "budget_bytes",
           "unmodified_peak_bytes", "unmodified_time_s", "time_scale", "reference_time_s",
-          "measured_ratio", "sim_ratio", "swap_kernel_traced_s")
+          "measured_ratio", "sim_ratio", "swap_kernel_traced_s", "copy_latency_s",
+          "copies_on_compute", "sim_time_streams_s", "sim_ratio_streams", "copies",
+          "copy_bytes")
 
 
 def study(name: str, count: int, fraction: float, runs: int, threads: int, seed: int,
-          calibrate: bool):
+          calibrate: bool, copy_latency_s: float, copies_on_compute: bool):
     """Rows (dicts of FIELDS) for ``count`` random individuals of model ``name``."""
     step = MODELS[name]()
     captured = capture.capture(step.concrete_fn)
@@ -71,7 +81,8 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
     base_peak = max(measure.transient_peak(md.step_stats) for md in base.metadata) \
         + base.variable_bytes
     prof = profiler.trace(captured, step.batch, runs=runs, calibrate=calibrate)
-    spec = cpu_emulated()
+    spec = cpu_emulated(copy_latency_s=copy_latency_s, copies_on_compute=copies_on_compute)
+    streams = cpu_emulated()
     stage = api._Stage.lower(captured, prof, spec, api._small_threshold(prof.peak_bytes))
     budget = int(fraction * base_peak)
     planner_budget, outside = api._planner_budget(budget, stage.lowered, 0.05)
@@ -98,6 +109,8 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
         sim = simulator.simulate(stage.graph, plan, spec, events=True, keep=stage.keep,
                                  compiled=cg)
         live = simulator.live_peak_bytes(sim, allocation.small_pool_bytes) + outside
+        sim_streams = simulator.simulate(stage.graph, plan, streams, keep=stage.keep,
+                                         compiled=cg).step_time_s
         final = api._finish(plan, budget, captured, stage.lowered, outside)
         try:
             rewritten = rewrite.rewrite(captured, final, emulate.DEVICE, emulate.HOST)
@@ -129,7 +142,11 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
             time_scale=prof.time_scale,
             reference_time_s=float(np.median(traced.reference_times_s)),
             measured_ratio=ratio, sim_ratio=plan.prediction.step_time_s / ideal,
-            swap_kernel_traced_s=swap_kernel))
+            swap_kernel_traced_s=swap_kernel, copy_latency_s=copy_latency_s,
+            copies_on_compute=int(copies_on_compute), sim_time_streams_s=sim_streams,
+            sim_ratio_streams=sim_streams / ideal,
+            copies=sum(e.stream != "compute" for e in sim.events),
+            copy_bytes=sim.h2d_bytes + sim.d2h_bytes))
         r = rows[-1]
         print(f"  {name} #{r['individual']:2d}: {r['swaps']:3d} swaps, sim "
               f"{r['sim_time_s'] * 1e3:8.2f} ms, measured {r['measured_time_s'] * 1e3:8.2f} ms"
@@ -139,32 +156,55 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
     return rows
 
 
-def table(rows) -> str:
-    """The per-model Markdown table."""
+def table(rows, streams: bool = False) -> str:
+    """The per-model Markdown table; ``streams``: of the simulation without
+    copy latency, copies on their own streams (the "streams" columns)."""
+    sim_key, ratio_key = ("sim_time_streams_s", "sim_ratio_streams") if streams \
+        else ("sim_time_s", "sim_ratio")
     lines = ["| model | n | budget (% of peak) | median abs time error | max abs time error "
              "| median time error | median abs peak error (live) | max abs peak error (live) "
              "| median abs peak error (pool) | orders kept | pairs kept "
-             "| median abs slowdown error (paired) | median run spread |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| median abs slowdown error (paired) | orders kept (paired) "
+             "| pairs kept (paired) | median run spread |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == name]
-        t = fidelity.summary([r["sim_time_s"] for r in mine],
+        t = fidelity.summary([r[sim_key] for r in mine],
                              [r["measured_time_s"] for r in mine])
         live = np.abs(fidelity.relative_errors([r["sim_live_peak_bytes"] for r in mine],
                                                [r["measured_peak_bytes"] for r in mine]))
         pool = np.abs(fidelity.relative_errors([r["sim_pool_peak_bytes"] for r in mine],
                                                [r["measured_peak_bytes"] for r in mine]))
         share = mine[0]["budget_bytes"] / mine[0]["unmodified_peak_bytes"]
-        slow = np.abs(fidelity.relative_errors([r["sim_ratio"] for r in mine],
+        slow = np.abs(fidelity.relative_errors([r[ratio_key] for r in mine],
                                                [r["measured_ratio"] for r in mine]))
+        # The same ordering question on the slowdowns against the paired runs:
+        # the machine's load, which moves the absolute times, mostly cancels.
+        paired = fidelity.summary([r[ratio_key] for r in mine],
+                                  [r["measured_ratio"] for r in mine])
         spread = np.median([fidelity.spread([float(x) for x in r["measured_times_s"].split()])
                             for r in mine])
         lines.append(
             f"| {name} | {t['n']} | {share:.0%} | {t['median_abs_error']:.1%} "
             f"| {t['max_abs_error']:.1%} | {t['median_error']:+.1%} | {np.median(live):.1%} "
             f"| {live.max():.1%} | {np.median(pool):.1%} | {t['orders_kept']}/{t['n']} "
-            f"| {t['pairs_kept']}/{t['pairs']} | {np.median(slow):.1%} | {spread:.0%} |")
+            f"| {t['pairs_kept']}/{t['pairs']} | {np.median(slow):.1%} "
+            f"| {paired['orders_kept']}/{t['n']} | {paired['pairs_kept']}/{t['pairs']} "
+            f"| {spread:.0%} |")
     return "\n".join(lines)
+
+
+def latency_what_if(row, latency_s):
+    """``row`` with its plan's simulated time at ``latency_s`` per copy.  Exact for
+    the same plan: with the copies on the compute stream nothing overlaps, so
+    the step is the ops plus every copy (tests/core/test_native.py)."""
+    if not row.get("copies_on_compute"):
+        raise ValueError("--latency-what-if needs rows simulated with copies on the compute "
+                         "stream (a fidelity.csv written without --copy-streams)")
+    extra = row["copies"] * (latency_s - row["copy_latency_s"])
+    sim = row["sim_time_s"] + extra
+    return {**row, "sim_time_s": sim, "sim_ratio": sim / (row["sim_time_s"] / row["sim_ratio"]),
+            "copy_latency_s": latency_s}
 
 
 def main():
@@ -178,6 +218,13 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--uncalibrated", action="store_true",
                         help="keep the trace profile's kernel times as traced")
+    parser.add_argument("--copy-latency", type=float, default=15e-6,
+                        help="seconds each copy costs beyond its bytes (copy_latency.py)")
+    parser.add_argument("--copy-streams", action="store_true",
+                        help="copies on streams of their own, not on the compute stream")
+    parser.add_argument("--latency-what-if", type=float,
+                        help="with --table-from: the rows' plans re-timed with this many "
+                             "seconds per copy (copies on the compute stream only)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     parser.add_argument("--table-from", type=Path, nargs="+",
                         help="print the table of these CSVs (rows concatenated) and exit")
@@ -185,7 +232,12 @@ def main():
     if args.table_from:
         rows = [{k: (v if k in ("model", "measured_times_s") else float(v))
                  for k, v in r.items()} for p in args.table_from for r in csv.DictReader(p.open())]
+        if args.latency_what_if is not None:
+            rows = [latency_what_if(r, args.latency_what_if) for r in rows]
         print(table(rows))
+        if "sim_time_streams_s" in rows[0]:
+            print("\nThe same runs, simulated with copies on their own streams, no latency:")
+            print(table(rows, streams=True))
         return
     rows = []
     args.out.mkdir(parents=True, exist_ok=True)
@@ -193,13 +245,16 @@ def main():
     for name in args.models.split(","):
         t0 = time.perf_counter()
         rows += study(name, args.count, args.fraction, args.runs, args.inter_op_threads,
-                      args.seed, not args.uncalibrated)
+                      args.seed, not args.uncalibrated, args.copy_latency,
+                      not args.copy_streams)
         print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
         with path.open("w", newline="") as f:   # after each model: a long run keeps its rows
             writer = csv.DictWriter(f, fieldnames=FIELDS)
             writer.writeheader()
             writer.writerows(rows)
     print(table(rows))
+    print("\nThe same runs, simulated with copies on their own streams, no latency:")
+    print(table(rows, streams=True))
     print(f"wrote {path}")
 
 

@@ -61,3 +61,23 @@ def test_cpu_emulated_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
 
 def test_host_copy_bandwidth_is_a_positive_rate():
     assert devices.measure_host_copy_bandwidth(nbytes=1 << 20, repeats=2) > 0
+
+
+def test_copy_latency_is_validated_and_charged_per_copy():
+    spec = device_spec("v100-16g-pcie3")
+    assert spec.copy_latency_s == 0.0 and not spec.copies_on_compute
+    slow = DeviceSpec(**{**spec.__dict__, "copy_latency_s": 1e-5})
+    assert slow.copy_time_s(0, "h2d") == 1e-5
+    assert slow.copy_time_s(12 * GB, "d2h") == pytest.approx(1.0 + 1e-5)
+    for bad in (-1e-6, float("inf"), float("nan"), True, "1e-5"):
+        with pytest.raises(ValueError, match="copy_latency_s must be a finite number"):
+            DeviceSpec(**{**spec.__dict__, "copy_latency_s": bad})
+    with pytest.raises(ValueError, match="copies_on_compute must be True or False"):
+        DeviceSpec(**{**spec.__dict__, "copies_on_compute": 1})
+
+
+def test_specs_saved_before_the_copy_fields_still_load():
+    spec = device_spec("a100-40g-pcie4")
+    old = json.loads(spec.to_json())
+    del old["copy_latency_s"], old["copies_on_compute"]
+    assert DeviceSpec.from_json(json.dumps(old)) == spec

@@ -1,5 +1,7 @@
 """The native planner + simulator agree exactly with the reference Python."""
 
+from dataclasses import replace
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,17 +14,17 @@ from tfswap.core.synthetic import layered_training_step, random_dag
 from tests.core.plan_checks import SPEC, budgets
 
 
-def agree(cg, order, alloc, host=False, margin=0.0):
+def agree(cg, order, alloc, host=False, margin=0.0, spec=SPEC):
     try:
-        prog = build_program(cg, order, alloc, SPEC, recency_margin_s=margin,
+        prog = build_program(cg, order, alloc, spec, recency_margin_s=margin,
                              params_start_on_host=host)
     except InfeasibleAllocation:
-        ev = native.evaluate(cg, order, alloc, SPEC, params_start_on_host=host,
+        ev = native.evaluate(cg, order, alloc, spec, params_start_on_host=host,
                              recency_margin_s=margin)
         assert not ev.feasible
         return None
-    ref = run_program(cg, prog, alloc, SPEC)
-    ev = native.evaluate(cg, order, alloc, SPEC, detail=True, params_start_on_host=host,
+    ref = run_program(cg, prog, alloc, spec)
+    ev = native.evaluate(cg, order, alloc, spec, detail=True, params_start_on_host=host,
                          recency_margin_s=margin)
     assert ev.feasible
     assert ev.program == prog                      # same swaps, triggers, waits, residents
@@ -60,6 +62,40 @@ def test_native_matches_reference_on_a_layered_step():
         budget, _ = budgets(cg, order, fraction)
         prog = agree(cg, order, default_allocation(cg, order, budget))
         assert prog is not None and prog.outs
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n_ops=st.integers(1, 40), fraction=st.floats(0.15, 1.1),
+       host=st.booleans(), latency=st.sampled_from([1e-5, 3e-4, 2e-3]),
+       on_compute=st.booleans())
+def test_native_matches_reference_with_copy_latency(seed, n_ops, fraction, host, latency,
+                                                    on_compute):
+    """Per-copy latency, and copies on the compute stream: still bit-identical."""
+    rng = np.random.default_rng(seed)
+    g = random_dag(rng, n_ops=n_ops, n_params=3)
+    cg = CompiledGraph.build(g)
+    order = cg.order_of(None)
+    budget, _ = budgets(cg, order, fraction)
+    spec = replace(SPEC, copy_latency_s=latency, copies_on_compute=on_compute)
+    agree(cg, order, default_allocation(cg, order, budget), host, 0.0, spec)
+
+
+def test_copies_on_compute_add_their_time_to_the_step():
+    """One stream never idles: the step is the ops plus every copy, latency included."""
+    g = layered_training_step(300, seed=5)
+    cg = CompiledGraph.build(g)
+    order = cg.order_of(None)
+    budget, _ = budgets(cg, order, 0.5)
+    alloc = default_allocation(cg, order, budget)
+    spec = replace(SPEC, copy_latency_s=1e-4, copies_on_compute=True)
+    ev = native.evaluate(cg, order, alloc, spec, detail=True)
+    copies = ev.n_swap_ins + sum(1 for r in ev.program.outs if r.copy)
+    assert copies > 0
+    expected = (ev.ideal_time_s + copies * spec.copy_latency_s
+                + ev.h2d_bytes / spec.h2d_bytes_per_s + ev.d2h_bytes / spec.d2h_bytes_per_s)
+    assert np.isclose(ev.step_time_s, expected, rtol=1e-9)
+    streams = native.evaluate(cg, order, alloc, replace(spec, copies_on_compute=False))
+    assert streams.step_time_s < ev.step_time_s
 
 
 def test_infeasible_allocation_is_infinite_time():

@@ -46,7 +46,8 @@ def test_round_trip_swap_in_waits_for_its_swap_out():
     assert r.step_time_s == 7.0 and r.d2h_bytes == r.h2d_bytes == MB
 
 
-def test_concurrent_copies_run_at_half_rate():
+def prefetch_and_swap():
+    """w (a parameter) comes in after x while x:0 goes out: both copies start at 0.5 s."""
     ops = [Op("w", "ReadVariableOp"), Op("x", "X", time_s=0.5),
            Op("y", "X", ("x:0",), time_s=10.0), Op("z", "X", ("y:0", "w:0", "x:0"), time_s=1.0)]
     g = DataflowGraph.build(ops, [Tensor("w:0", MB, kind="parameter"), Tensor("x:0", MB),
@@ -55,6 +56,11 @@ def test_concurrent_copies_run_at_half_rate():
              Swap("x:0", out_after="x", in_after="y", consumers=("z",), bytes=MB))
     plan = Plan(schedule=("w", "x", "y", "z"), swaps=swaps,
                 allocation=Allocation((MB,), (4,)), resident_parameters=())
+    return g, plan
+
+
+def test_concurrent_copies_run_at_half_rate():
+    g, plan = prefetch_and_swap()
     r = simulate(g, plan, LINK, events=True)
     w_in = next(e for e in r.events if e.stream == "h2d" and e.name == "w:0")
     x_out = next(e for e in r.events if e.stream == "d2h")
@@ -88,3 +94,54 @@ def test_live_peak_counts_buffers_at_their_own_size_not_their_class():
     assert live_peak_bytes(r, 100) == 3 * MB + 100
     with pytest.raises(ValueError, match="events=True"):
         live_peak_bytes(simulate(g, plan, LINK), 0)
+
+
+def test_copy_latency_holds_each_copy_before_its_bytes_move():
+    """Round trip of a:0 with 1.5 s per copy on top of 1 s of bytes: d waits."""
+    g = chain()
+    spec = DeviceSpec("slow-start", memory_bytes=1 << 30, peak_flops=1.0,
+                      memory_bandwidth_bytes_per_s=1.0, h2d_bytes_per_s=MB,
+                      d2h_bytes_per_s=MB, duplex_bytes_per_s=MB, launch_overhead_s=0.0,
+                      copy_latency_s=1.5)
+    swap = Swap("a:0", out_after="b", in_after="b", consumers=("d",), bytes=MB)
+    plan = Plan(schedule=("a", "b", "c", "d"), swaps=(swap,), allocation=Allocation((MB,), (3,)))
+    r = simulate(g, plan, spec, events=True)
+    out = next(e for e in r.events if e.stream == "d2h")
+    back = next(e for e in r.events if e.stream == "h2d")
+    assert (out.start_s, out.end_s) == (2.0, 4.5)
+    assert (back.start_s, back.end_s) == (4.5, 7.0)
+    d = next(e for e in r.events if e.name == "d")
+    assert d.start_s == 7.0 and r.step_time_s == 8.0 and r.stall_s == 1.0
+
+
+def test_latency_of_concurrent_copies_is_not_shared():
+    """Both copies hold the link 0.5 s, then share its rate: 0.5 + 2 s each."""
+    g, plan = prefetch_and_swap()
+    spec = DeviceSpec("link", memory_bytes=1 << 30, peak_flops=1.0,
+                      memory_bandwidth_bytes_per_s=1.0, h2d_bytes_per_s=MB,
+                      d2h_bytes_per_s=MB, duplex_bytes_per_s=MB, copy_latency_s=0.5)
+    r = simulate(g, plan, spec, events=True)
+    copies = {(e.stream, e.name, e.start_s, e.end_s) for e in r.events if e.stream != "compute"}
+    # x:0 comes back alone after y: 0.5 s, then 1 s at the full rate
+    assert copies == {("h2d", "w:0", 0.5, 3.0), ("d2h", "x:0", 0.5, 3.0),
+                      ("h2d", "x:0", 10.5, 12.0)}
+
+
+def test_copies_on_the_compute_stream_run_between_ops():
+    """One stream: b's swap-out and the swap-in run before c, and add to the step."""
+    g = chain()
+    spec = DeviceSpec("one-thread", memory_bytes=1 << 30, peak_flops=1.0,
+                      memory_bandwidth_bytes_per_s=1.0, h2d_bytes_per_s=MB,
+                      d2h_bytes_per_s=MB, duplex_bytes_per_s=MB, launch_overhead_s=0.0,
+                      copy_latency_s=0.25, copies_on_compute=True)
+    swap = Swap("a:0", out_after="b", in_after="b", consumers=("d",), bytes=MB)
+    plan = Plan(schedule=("a", "b", "c", "d"), swaps=(swap,), allocation=Allocation((MB,), (3,)))
+    r = simulate(g, plan, spec, events=True)
+    spans = [(e.stream, e.name, e.start_s, e.end_s) for e in r.events]
+    assert sorted(spans, key=lambda s: s[2]) == [
+        ("compute", "a", 0.0, 1.0), ("compute", "b", 1.0, 2.0), ("d2h", "a:0", 2.0, 3.25),
+        ("h2d", "a:0", 3.25, 4.5), ("compute", "c", 4.5, 8.5), ("compute", "d", 8.5, 9.5)]
+    assert r.step_time_s == r.ideal_time_s + 2 * 1.25 and r.stall_s == 2.5
+    # Without the flag the same copies overlap c and cost nothing.
+    free = simulate(g, plan, DeviceSpec(**{**spec.__dict__, "copies_on_compute": False}))
+    assert free.step_time_s == 7.0

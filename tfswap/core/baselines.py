@@ -396,7 +396,7 @@ def _capuchin_choice(s: _Setting, target: int, recompute: bool):
         a, c = u[i], u[i + 1]
         if c - a < 2:
             continue
-        out_t, in_t = nbytes[b] / s.spec.d2h_bytes_per_s, nbytes[b] / s.spec.h2d_bytes_per_s
+        out_t, in_t = s.spec.copy_time_s(nbytes[b], "d2h"), s.spec.copy_time_s(nbytes[b], "h2d")
         ft = istart[c] - iend[a] - out_t - in_t
         # Absent from the first op that starts after the copy-out ends to the last
         # op that ends before the just-in-time swap-in must start.

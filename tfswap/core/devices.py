@@ -4,6 +4,13 @@ All values are in bytes and seconds.  ``h2d_bytes_per_s`` / ``d2h_bytes_per_s``
 are each direction's bandwidth when only that direction is busy;
 ``duplex_bytes_per_s`` is the total when both are (the paper's V100 machine:
 12 GB/s one way, 20 GB/s both ways, so 10 GB/s each while both run).
+``copy_latency_s`` is a fixed cost added to every copy (a swap-out or a
+swap-in) on top of its bytes / bandwidth: launching the copy, and on the
+emulated device the swap op's own pass through the executor.
+``copies_on_compute`` says the copies run on the thread or stream that runs
+the ops (the emulated device with one executor thread), so a copy and an op
+never overlap; by default each direction has its own stream (a GPU's copy
+engines).
 
 Example::
 
@@ -15,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import time
 from dataclasses import asdict, dataclass, replace
@@ -36,6 +44,8 @@ class DeviceSpec:
     d2h_bytes_per_s: float
     duplex_bytes_per_s: float         # both directions together
     launch_overhead_s: float = 5e-6   # fixed cost per op
+    copy_latency_s: float = 0.0       # fixed cost per copy, on top of bytes / bandwidth
+    copies_on_compute: bool = False   # copies and ops share one stream (no overlap)
 
     def __post_init__(self):
         for field_name in ("memory_bytes", "peak_flops", "memory_bandwidth_bytes_per_s",
@@ -43,17 +53,25 @@ class DeviceSpec:
             if not getattr(self, field_name) > 0:
                 raise ValueError(f"DeviceSpec {self.name!r}: {field_name} must be > 0, "
                                  f"got {getattr(self, field_name)!r}")
-        if self.launch_overhead_s < 0:
-            raise ValueError(f"DeviceSpec {self.name!r}: launch_overhead_s must be >= 0")
+        for field_name in ("launch_overhead_s", "copy_latency_s"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                    or not 0 <= value < float("inf"):
+                raise ValueError(f"DeviceSpec {self.name!r}: {field_name} must be a finite "
+                                 f"number of seconds >= 0, got {value!r}")
+        if not isinstance(self.copies_on_compute, bool):
+            raise ValueError(f"DeviceSpec {self.name!r}: copies_on_compute must be True or "
+                             f"False, got {self.copies_on_compute!r}")
 
     def copy_time_s(self, nbytes: int, direction: str, duplex: bool = False) -> float:
-        """Seconds to move ``nbytes`` one way; ``duplex``: the other way is busy too."""
+        """Seconds to move ``nbytes`` one way, the per-copy latency included;
+        ``duplex``: the other way is busy too."""
         if direction not in ("h2d", "d2h"):
             raise ValueError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
         bw = self.h2d_bytes_per_s if direction == "h2d" else self.d2h_bytes_per_s
         if duplex:
             bw = min(bw, self.duplex_bytes_per_s / 2)
-        return nbytes / bw
+        return self.copy_latency_s + nbytes / bw
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -66,7 +84,10 @@ class DeviceSpec:
 # Published figures: V100-PCIe (14 TFLOP/s FP32, 900 GB/s HBM2), A100-40G-PCIe
 # (19.5 TFLOP/s FP32, 1555 GB/s), H100-PCIe (51 TFLOP/s FP32, 2000 GB/s).  Kernels
 # reach ~70% of peak FLOP/s, which is what the roofline should see.  Link rates
-# are what cudaMemcpyAsync on pinned memory achieves on PCIe 3/4/5 x16.
+# are what cudaMemcpyAsync on pinned memory achieves on PCIe 3/4/5 x16.  Their
+# copy_latency_s is left at 0: a per-call cudaMemcpyAsync overhead of 5-7 us for
+# small copies has been reported (Wu et al., "DualPath", arXiv 2602.21548, §5.2),
+# on one unnamed machine; set it with dataclasses.replace to study its effect.
 PRESETS: dict[str, DeviceSpec] = {
     "v100-16g-pcie3": DeviceSpec(
         name="v100-16g-pcie3", memory_bytes=16 * GiB, peak_flops=0.7 * 14.0e12,
@@ -102,12 +123,25 @@ def measure_host_copy_bandwidth(nbytes: int = 64 << 20, repeats: int = 5) -> flo
     return nbytes / best
 
 
-def cpu_emulated(memory_bytes: int = 8 * GiB, cache: bool = True) -> DeviceSpec:
+def cpu_emulated(memory_bytes: int = 8 * GiB, cache: bool = True, *,
+                 copy_latency_s: float = 0.0, copies_on_compute: bool = False) -> DeviceSpec:
     """The emulated device (CPU:0 as device, CPU:1 as host; swaps are memcpys).
 
     The memcpy bandwidth is measured once and cached in ``~/.cache/tfswap``
     (``XDG_CACHE_HOME`` moves the cache, as everywhere); compute figures are
     rough single-core numbers, replaced by measured profiles in practice.
+
+    ``copy_latency_s`` and ``copies_on_compute``: what a swap op costs beyond
+    its memcpy, and whether it shares the ops' thread.  Run with one executor
+    thread (``inter_op_threads=1``, as the profiler and the fidelity benchmark
+    do) the swap ops are kernels on the only thread, so pass
+    ``copies_on_compute=True`` and the latency ``benchmarks/copy_latency.py``
+    measures (5-20 us a copy on the machine in benchmarks/RESULTS.md, where the
+    rewritten LSTM's swaps cost more: see "Simulator fidelity" there).
+
+    Example::
+
+        spec = cpu_emulated(copy_latency_s=15e-6, copies_on_compute=True)
     """
     path = _cache_dir() / "host_copy_bandwidth.json"
     bw = None
@@ -124,7 +158,8 @@ def cpu_emulated(memory_bytes: int = 8 * GiB, cache: bool = True) -> DeviceSpec:
     return DeviceSpec(
         name="cpu-emulated", memory_bytes=memory_bytes, peak_flops=50e9,
         memory_bandwidth_bytes_per_s=bw, h2d_bytes_per_s=bw, d2h_bytes_per_s=bw,
-        duplex_bytes_per_s=bw, launch_overhead_s=2e-6)
+        duplex_bytes_per_s=bw, launch_overhead_s=2e-6, copy_latency_s=copy_latency_s,
+        copies_on_compute=copies_on_compute)
 
 
 def device_spec(name: str | DeviceSpec) -> DeviceSpec:

@@ -132,6 +132,7 @@ class _Scan:
         self.n = len(order)
         self.never = 2 * self.n + 2
         self.h2d, self.d2h, self.margin = spec.h2d_bytes_per_s, spec.d2h_bytes_per_s, margin
+        self.latency = float(spec.copy_latency_s)
         self.istart, self.iend = ideal_times(cg, order)
         B = cg.n_buffers
         # Python lists, not numpy arrays: the scan indexes them one element at a
@@ -284,7 +285,7 @@ class _Scan:
                 entry = heapq.heappop(f)
                 if self._current(entry) and stamp[entry[2]] != k:  # else used since
                     return entry[2], True
-        in_t = float(self.nbytes[incoming]) / self.h2d if swap_in else 0.0
+        in_t = self.latency + float(self.nbytes[incoming]) / self.h2d if swap_in else 0.0
         limit = self.istart[k] + self.margin
         h, popped, best, fallback = self.heap[c], [], -1, -1
         while h:
@@ -298,7 +299,7 @@ class _Scan:
             if fallback < 0:
                 fallback = b
             copy = (not self.pers[b]) or self.dirty[b]
-            out_t = float(self.nbytes[b]) / self.d2h if copy else 0.0
+            out_t = self.latency + float(self.nbytes[b]) / self.d2h if copy else 0.0
             if self.iend[self.last_use[b]] + out_t + in_t <= limit:  # not recent
                 best = b
                 break

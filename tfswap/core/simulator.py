@@ -5,8 +5,9 @@ swap-ins and D2H the swap-outs, each one copy at a time in the plan's stream
 order (:mod:`tfswap.core.program`).  The link is duplex: a copy moves at its
 direction's bandwidth, or at ``min(bandwidth, duplex / 2)`` while the other
 direction is busy too (so a copy's rate changes when the other one starts or
-ends).  Every item starts as soon as its stream is free and its dependencies
-are done:
+ends).  A copy first holds its stream (and its direction of the link) for the
+device's ``copy_latency_s``, then moves its bytes.  Every item starts as soon
+as its stream is free and its dependencies are done:
 
 * op: the swap-ins of its inputs, and the swap-outs that free the objects
   its outputs take (``Swap.out_before``);
@@ -14,6 +15,11 @@ are done:
   round trip, its own swap-out;
 * swap-out: the op after which it is released (a drop takes no link time:
   it is done when that op is).
+
+A device whose copies run on the compute stream (``copies_on_compute``: the
+emulated device with one executor thread) has one stream: one item at a
+time, a ready swap-out, then a ready swap-in, before the next op, each
+stream's items still in their order.
 
 A recomputation (``Program.recomputes``, Capuchin's alternative to a swap)
 runs the buffer's producer again on the compute stream right before the op
@@ -206,60 +212,85 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
         arrived[b] = True
     kc, hi, di = 0, 0, 0           # next item of each stream
     c_run = h_run = d_run = False
-    c_end = h_rem = d_rem = 0.0
+    c_end = h_rem = d_rem = h_lat = d_lat = 0.0
     c_start = h_start = d_start = 0.0
     last_op_end = 0.0
     h2d_bytes = d2h_bytes = 0
+    lat = float(spec.copy_latency_s)
+    serial = spec.copies_on_compute
+
+    def start_op():
+        nonlocal c_run, c_start, c_end, recompute_s
+        if c_run or kc >= n or not all(in_done[i] for i in need_of[kc]) or not all(
+                out_done(j) for j in waits_of[kc]):
+            return False
+        extra = 0.0
+        for r in recs_of[kc]:
+            p = producer[r.buf]
+            for b in op_in[in_ptr[p]:in_ptr[p + 1]]:
+                if not arrived.get(b, False):
+                    raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} before op "
+                                    f"{cg.graph.ops[order[kc]].name!r} reads "
+                                    f"{cg.buf_names[b]!r}, which is not on the device")
+            if r.buf in arrived:
+                raise PlanError(f"recompute of {cg.buf_names[r.buf]!r} while it is "
+                                "still on the device")
+            take(r.buf, t)
+            arrived[r.buf] = True
+            if record:
+                ev.append(SimEvent("compute", "recompute:" + cg.graph.ops[p].name,
+                                   t + extra, t + extra + float(cg.op_time[p])))
+            extra += float(cg.op_time[p])
+        recompute_s += extra
+        for b in reads[kc]:
+            if not arrived.get(b, False):
+                raise PlanError(f"op {cg.graph.ops[order[kc]].name!r} reads "
+                                f"{cg.buf_names[b]!r}, which is not on the device "
+                                "(add a swap-in before it)")
+        for b in allocs[kc]:
+            take(b, t)
+            arrived[b] = True
+        c_run, c_start, c_end = True, t + extra, t + extra + times[kc]
+        return True
+
+    def start_in():
+        nonlocal h_run, h_start, h_rem, h_lat, h2d_bytes
+        if h_run or hi >= len(ins):
+            return False
+        r = ins[hi]
+        if not ((r.trigger < 0 or op_done[r.trigger]) and all(out_done(j) for j in r.waits)
+                and (r.own_out < 0 or out_done(r.own_out))):
+            return False
+        if r.buf in arrived:
+            raise PlanError(f"swap-in of {cg.buf_names[r.buf]!r} while it is "
+                            "still on the device")
+        take(r.buf, t)
+        h_run, h_start, h_rem, h_lat = True, t, float(bb[r.buf]), lat
+        h2d_bytes += int(bb[r.buf])
+        return True
+
+    def start_out():
+        nonlocal d_run, d_start, d_rem, d_lat, d2h_bytes
+        if d_run or di >= len(d2h_list) or not op_done[outs[d2h_list[di]].out_after]:
+            return False
+        o = outs[d2h_list[di]]
+        d_run, d_start, d_rem, d_lat = True, t, float(bb[o.buf]), lat
+        d2h_bytes += int(bb[o.buf])
+        return True
+
+    # With copies on the compute stream one item runs at a time, a ready
+    # copy before the next op (they become ready when the same op ends; the
+    # copies first keeps each object's take and release where the three-stream
+    # model has them).
+    starters = (start_out, start_in, start_op) if serial else (start_op, start_in, start_out)
     while True:
         started = True
         while started:
             started = False
-            if not c_run and kc < n and all(in_done[i] for i in need_of[kc]) and all(
-                    out_done(j) for j in waits_of[kc]):
-                extra = 0.0
-                for r in recs_of[kc]:
-                    p = producer[r.buf]
-                    for b in op_in[in_ptr[p]:in_ptr[p + 1]]:
-                        if not arrived.get(b, False):
-                            raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} before op "
-                                            f"{cg.graph.ops[order[kc]].name!r} reads "
-                                            f"{cg.buf_names[b]!r}, which is not on the device")
-                    if r.buf in arrived:
-                        raise PlanError(f"recompute of {cg.buf_names[r.buf]!r} while it is "
-                                        "still on the device")
-                    take(r.buf, t)
-                    arrived[r.buf] = True
-                    if record:
-                        ev.append(SimEvent("compute", "recompute:" + cg.graph.ops[p].name,
-                                           t + extra, t + extra + float(cg.op_time[p])))
-                    extra += float(cg.op_time[p])
-                recompute_s += extra
-                for b in reads[kc]:
-                    if not arrived.get(b, False):
-                        raise PlanError(f"op {cg.graph.ops[order[kc]].name!r} reads "
-                                        f"{cg.buf_names[b]!r}, which is not on the device "
-                                        "(add a swap-in before it)")
-                for b in allocs[kc]:
-                    take(b, t)
-                    arrived[b] = True
-                c_run, c_start, c_end = True, t + extra, t + extra + times[kc]
-                started = True
-            if not h_run and hi < len(ins):
-                r = ins[hi]
-                if (r.trigger < 0 or op_done[r.trigger]) and all(out_done(j) for j in r.waits) \
-                        and (r.own_out < 0 or out_done(r.own_out)):
-                    if r.buf in arrived:
-                        raise PlanError(f"swap-in of {cg.buf_names[r.buf]!r} while it is "
-                                        "still on the device")
-                    take(r.buf, t)
-                    h_run, h_start, h_rem = True, t, float(bb[r.buf])
-                    h2d_bytes += int(bb[r.buf])
-                    started = True
-            if not d_run and di < len(d2h_list):
-                o = outs[d2h_list[di]]
-                if op_done[o.out_after]:
-                    d_run, d_start, d_rem = True, t, float(bb[o.buf])
-                    d2h_bytes += int(bb[o.buf])
+            for start in starters:
+                if serial and (c_run or h_run or d_run):
+                    break
+                if start():
                     started = True
         if not (c_run or h_run or d_run):
             break
@@ -267,8 +298,9 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
                                                         spec.duplex_bytes_per_s / 2)
         rd = spec.d2h_bytes_per_s if not h_run else min(spec.d2h_bytes_per_s,
                                                         spec.duplex_bytes_per_s / 2)
-        th = t + h_rem / rh if h_run else float("inf")
-        td = t + d_rem / rd if d_run else float("inf")
+        # A copy holds its stream for its latency, then moves its bytes.
+        th = t + h_lat + h_rem / rh if h_run else float("inf")
+        td = t + d_lat + d_rem / rd if d_run else float("inf")
         te = min(c_end if c_run else float("inf"), th, td)
         dt = te - t
         if c_run and c_end == te:
@@ -293,8 +325,11 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
                 in_done[hi] = True
                 h_run = False
                 hi += 1
+            elif dt <= h_lat:
+                h_lat -= dt
             else:
-                h_rem -= rh * dt
+                h_rem -= rh * (dt - h_lat)
+                h_lat = 0.0
         if d_run:
             if td == te:
                 j = d2h_list[di]
@@ -305,8 +340,11 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
                 out_fin[j] = True
                 d_run = False
                 di += 1
+            elif dt <= d_lat:
+                d_lat -= dt
             else:
-                d_rem -= rd * dt
+                d_rem -= rd * (dt - d_lat)
+                d_lat = 0.0
         t = te
     if kc < n or hi < len(ins) or di < len(d2h_list):
         raise PlanError("the plan deadlocks: some op or copy waits for something that never "

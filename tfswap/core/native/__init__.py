@@ -32,7 +32,8 @@ def _configure(lib: ctypes.CDLL) -> None:
     lib.tfswap_plan_simulate.restype = ctypes.c_int
     lib.tfswap_plan_simulate.argtypes = (
         [ctypes.c_int, p, ctypes.c_int] + [p] * 10 + [p, p, ctypes.c_int, p, p, ctypes.c_int64]
-        + [ctypes.c_double] * 4 + [ctypes.c_int, p, p, p, ctypes.c_int64, p, p, p, p])
+        + [ctypes.c_double] * 4 + [ctypes.c_int, ctypes.c_double, ctypes.c_int]
+        + [p, p, p, ctypes.c_int64, p, p, p, p])
 
 
 _LIBRARY = NativeLibrary(Path(__file__).resolve().parent / "planner_sim.cc",
@@ -111,7 +112,8 @@ def evaluate(cg: CompiledGraph, order: np.ndarray, allocation: Allocation, spec:
     status = lib.tfswap_plan_simulate(
         *_graph_args(cg), _ptr(order), _ptr(buf_class), len(counts), _ptr(counts), _ptr(sizes),
         allocation.small_pool_bytes, spec.h2d_bytes_per_s, spec.d2h_bytes_per_s,
-        spec.duplex_bytes_per_s, float(recency_margin_s), int(params_start_on_host),
+        spec.duplex_bytes_per_s, float(spec.copy_latency_s), int(spec.copies_on_compute),
+        float(recency_margin_s), int(params_start_on_host),
         _ptr(metrics), _ptr(ints), _ptr(class_peak), cap,
         *[None if a is None else _ptr(a) for a in (d_out, d_in, d_wait, d_res)])
     if status == 1:

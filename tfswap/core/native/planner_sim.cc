@@ -51,7 +51,7 @@ struct Scan {
   const int32_t* cls;
   int n, n_classes;
   long never;
-  double h2d, d2h, margin;
+  double h2d, d2h, margin, latency;
   std::vector<double> istart, iend;
   std::vector<int> use_ptr, uses, last;
   std::vector<int64_t> counts, offset;
@@ -69,9 +69,9 @@ struct Scan {
   bool infeasible = false;
 
   Scan(const Graph& g_, const int32_t* order_, const int32_t* cls_, int n_classes_,
-       const int64_t* counts_, double h2d_, double d2h_, double margin_)
+       const int64_t* counts_, double h2d_, double d2h_, double margin_, double latency_)
       : g(g_), order(order_), cls(cls_), n(g_.n_ops), n_classes(n_classes_),
-        never(2L * g_.n_ops + 2), h2d(h2d_), d2h(d2h_), margin(margin_) {
+        never(2L * g_.n_ops + 2), h2d(h2d_), d2h(d2h_), margin(margin_), latency(latency_) {
     istart.resize(n);
     iend.resize(n);
     double t = 0.0;
@@ -170,7 +170,7 @@ struct Scan {
         return true;
       }
     }
-    double in_t = swap_in ? (double)g.buf_bytes[incoming] / h2d : 0.0;
+    double in_t = swap_in ? latency + (double)g.buf_bytes[incoming] / h2d : 0.0;
     double limit = istart[k] + margin;
     int best = -1, fallback = -1;
     auto& h = heap[c];
@@ -185,7 +185,7 @@ struct Scan {
       if (stamp[b] == k) continue;
       if (fallback < 0) fallback = b;
       bool copy = (!g.persistent[b]) || dirty[b];
-      double out_t = copy ? (double)g.buf_bytes[b] / d2h : 0.0;
+      double out_t = copy ? latency + (double)g.buf_bytes[b] / d2h : 0.0;
       bool recent = iend[last_use[b]] + out_t + in_t > limit;
       if (!recent) { best = b; break; }
     }
@@ -339,7 +339,7 @@ struct SimOut {
 SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_classes,
                 const int64_t* counts, const int64_t* class_bytes, int64_t small_pool,
                 const Program& p, const std::vector<int>& last, double h2d_bw, double d2h_bw,
-                double duplex, int64_t* class_peak) {
+                double duplex, double latency, bool serial, int64_t* class_peak) {
   SimOut r;
   const int n = g.n_ops;
   const double INF = std::numeric_limits<double>::infinity();
@@ -388,52 +388,58 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
   int kc = 0, hi = 0, di = 0;
   const int n_in = (int)p.ins.size(), n_d = (int)d2h_list.size();
   bool c_run = false, h_run = false, d_run = false;
-  double c_end = 0, h_rem = 0, d_rem = 0, last_op_end = 0;
+  double c_end = 0, h_rem = 0, d_rem = 0, h_lat = 0, d_lat = 0, last_op_end = 0;
   while (true) {
+    // Start order as the reference's `starters`: with copies on the compute
+    // stream a ready swap-out, then swap-in, then the op, one item at a time.
     bool started = true;
     while (started) {
       started = false;
-      if (!c_run && kc < n) {
-        bool ok = true;
-        for (int i = need_ptr[kc]; ok && i < need_ptr[kc + 1]; ++i) ok = in_done[i] != 0;
-        for (int i = wait_ptr[kc]; ok && i < wait_ptr[kc + 1]; ++i) ok = out_done(p.op_waits[i].second);
-        if (ok) {
-          int o = order[kc];
-          for (int i = g.in_ptr[o]; i < g.in_ptr[o + 1]; ++i)
-            if (where[g.in[i]] != 2) { r.status = 4; return r; }
-          for (int i = g.out_ptr[o]; i < g.out_ptr[o + 1]; ++i) { take(g.out[i]); where[g.out[i]] = 2; }
-          c_run = true;
-          c_end = t + g.op_time[o];
-          started = true;
-        }
-      }
-      if (!h_run && hi < n_in) {
-        const InRec& x = p.ins[hi];
-        if ((x.trigger < 0 || op_done[x.trigger]) && (x.wait < 0 || out_done(x.wait)) &&
-            (x.own < 0 || out_done(x.own))) {
-          if (where[x.buf] != 0) { r.status = 4; return r; }
-          take(x.buf);
-          h_run = true;
-          h_rem = (double)g.buf_bytes[x.buf];
-          r.h2d_bytes += g.buf_bytes[x.buf];
-          started = true;
-        }
-      }
-      if (!d_run && di < n_d) {
-        const OutRec& x = p.outs[d2h_list[di]];
-        if (op_done[x.after]) {
-          d_run = true;
-          d_rem = (double)g.buf_bytes[x.buf];
-          r.d2h_bytes += g.buf_bytes[x.buf];
-          started = true;
+      for (int s = 0; s < 3; ++s) {
+        if (serial && (c_run || h_run || d_run)) break;
+        int which = serial ? 2 - s : s;  // 0 op, 1 swap-in, 2 swap-out
+        if (which == 0 && !c_run && kc < n) {
+          bool ok = true;
+          for (int i = need_ptr[kc]; ok && i < need_ptr[kc + 1]; ++i) ok = in_done[i] != 0;
+          for (int i = wait_ptr[kc]; ok && i < wait_ptr[kc + 1]; ++i) ok = out_done(p.op_waits[i].second);
+          if (ok) {
+            int o = order[kc];
+            for (int i = g.in_ptr[o]; i < g.in_ptr[o + 1]; ++i)
+              if (where[g.in[i]] != 2) { r.status = 4; return r; }
+            for (int i = g.out_ptr[o]; i < g.out_ptr[o + 1]; ++i) { take(g.out[i]); where[g.out[i]] = 2; }
+            c_run = true;
+            c_end = t + g.op_time[o];
+            started = true;
+          }
+        } else if (which == 1 && !h_run && hi < n_in) {
+          const InRec& x = p.ins[hi];
+          if ((x.trigger < 0 || op_done[x.trigger]) && (x.wait < 0 || out_done(x.wait)) &&
+              (x.own < 0 || out_done(x.own))) {
+            if (where[x.buf] != 0) { r.status = 4; return r; }
+            take(x.buf);
+            h_run = true;
+            h_rem = (double)g.buf_bytes[x.buf];
+            h_lat = latency;
+            r.h2d_bytes += g.buf_bytes[x.buf];
+            started = true;
+          }
+        } else if (which == 2 && !d_run && di < n_d) {
+          const OutRec& x = p.outs[d2h_list[di]];
+          if (op_done[x.after]) {
+            d_run = true;
+            d_rem = (double)g.buf_bytes[x.buf];
+            d_lat = latency;
+            r.d2h_bytes += g.buf_bytes[x.buf];
+            started = true;
+          }
         }
       }
     }
     if (!(c_run || h_run || d_run)) break;
     double rh = !d_run ? h2d_bw : std::min(h2d_bw, duplex / 2);
     double rd = !h_run ? d2h_bw : std::min(d2h_bw, duplex / 2);
-    double th = h_run ? t + h_rem / rh : INF;
-    double td = d_run ? t + d_rem / rd : INF;
+    double th = h_run ? t + h_lat + h_rem / rh : INF;
+    double td = d_run ? t + d_lat + d_rem / rd : INF;
     double te = std::min(std::min(c_run ? c_end : INF, th), td);
     double dt = te - t;
     if (c_run && c_end == te) {
@@ -454,11 +460,13 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
     }
     if (h_run) {
       if (th == te) { where[p.ins[hi].buf] = 2; in_done[hi] = 1; h_run = false; hi++; }
-      else h_rem -= rh * dt;
+      else if (dt <= h_lat) h_lat -= dt;
+      else { h_rem -= rh * (dt - h_lat); h_lat = 0.0; }
     }
     if (d_run) {
       if (td == te) { give(p.outs[d2h_list[di]].buf); out_fin[d2h_list[di]] = 1; d_run = false; di++; }
-      else d_rem -= rd * dt;
+      else if (dt <= d_lat) d_lat -= dt;
+      else { d_rem -= rd * (dt - d_lat); d_lat = 0.0; }
     }
     t = te;
   }
@@ -489,12 +497,13 @@ int tfswap_plan_simulate(
     const int32_t* in_ptr, const int32_t* in, const int8_t* in_write, const int32_t* out_ptr,
     const int32_t* out, const int32_t* order, const int32_t* buf_class, int n_classes,
     const int64_t* class_count, const int64_t* class_bytes, int64_t small_pool_bytes,
-    double h2d_bw, double d2h_bw, double duplex_bw, double margin, int params_start_on_host,
+    double h2d_bw, double d2h_bw, double duplex_bw, double copy_latency, int copies_on_compute,
+    double margin, int params_start_on_host,
     double* metrics, int64_t* counts_out, int64_t* class_peak, int64_t cap, int32_t* d_out,
     int32_t* d_in, int32_t* d_wait, int32_t* d_resident) {
   Graph g{n_ops, n_bufs, op_time, buf_bytes, persistent, pinned, modified, kept,
           in_ptr, in, out_ptr, out, in_write};
-  Scan scan(g, order, buf_class, n_classes, class_count, h2d_bw, d2h_bw, margin);
+  Scan scan(g, order, buf_class, n_classes, class_count, h2d_bw, d2h_bw, margin, copy_latency);
   std::vector<int> pinned_pers, start, end, effective, next;
   for (int b = 0; b < n_bufs; ++b)
     if (persistent[b] && pinned[b]) pinned_pers.push_back(b);
@@ -531,7 +540,8 @@ int tfswap_plan_simulate(
   Program p;
   canonical(start, scan.outs, scan.ins, scan.op_waits, &p);
   SimOut s = simulate(g, order, buf_class, n_classes, class_count, class_bytes, small_pool_bytes,
-                      p, scan.last, h2d_bw, d2h_bw, duplex_bw, class_peak);
+                      p, scan.last, h2d_bw, d2h_bw, duplex_bw, copy_latency,
+                      copies_on_compute != 0, class_peak);
   if (s.status) return s.status;
   metrics[0] = s.step;
   metrics[1] = n_ops ? scan.iend[n_ops - 1] : 0.0;
