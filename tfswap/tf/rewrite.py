@@ -10,7 +10,9 @@ For each swap (SwapAdvisor §4.2, Fig. 3):
 * the ops listed in ``out_before`` run after the SwapOut (they take the
   memory it frees);
 * the listed consumers read the SwapIn's output; every other reader keeps
-  reading the original.
+  reading the original;
+* a tensor that leaves more than once leaves from its newest copy (the
+  previous SwapIn's output), so each swap-out releases what is on the device.
 
 Consecutive ops of the schedule are chained with control edges so the
 executor runs them in the planned order.  The function never mutates its
@@ -202,7 +204,14 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
     swap_nodes = []
     swap_out_name = {}
     swap_in_node = {}
-    for k, swap in enumerate(plan.swaps):
+    # Device copies of each swapped tensor, oldest first: the original, then the
+    # SwapIn of each round trip.  A tensor that leaves again leaves from its
+    # newest copy; the original is gone after its first swap-out.
+    copies: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    came_back: dict[tuple[str, int], str] = {}
+    in_step_order = sorted(enumerate(plan.swaps),
+                           key=lambda e: position.get(e[1].out_after, -1))
+    for k, swap in in_step_order:
         if swap.kind == "recompute":
             raise RewriteError(
                 f"swap {swap.id!r} recomputes {swap.tensor!r}; this rewrite cannot re-run ops "
@@ -226,10 +235,16 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         for op in (swap.out_after, swap.in_after, *swap.out_before):
             if op and op not in nodes:
                 raise RewriteError(f"swap {swap.id!r}: op {op!r} is not in the graph")
+        held = copies.setdefault((producer, index), [(producer, index)])
+        if swap.out_after in position and position.get(came_back.get((producer, index)),
+                                                       -1) > position[swap.out_after]:
+            raise RewriteError(
+                f"swap {swap.id!r}: {swap.tensor} leaves after {swap.out_after!r}, before its "
+                f"previous swap-in (after {came_back[(producer, index)]!r}) brought it back")
         for consumer in swap.consumers:
             if consumer not in nodes:
                 raise RewriteError(f"swap {swap.id!r}: consumer {consumer!r} is not in the graph")
-            if not _reads(nodes, nodes[consumer], (producer, index)):
+            if not any(_reads(nodes, nodes[consumer], copy) for copy in held):
                 raise RewriteError(f"swap {swap.id!r}: {consumer!r} does not read {swap.tensor} "
                                    "(or a view of it)")
             if swap.in_after in position and consumer in position \
@@ -242,7 +257,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         in_name = f"{SWAP_SCOPE}/swap_in_{k}"
         dtype_attr = attr_value_pb2.AttrValue(type=tensor.dtype.as_datatype_enum)
         out_node = graph_def.node.add(name=out_name, op=SWAP_OUT_OP, device=swap_out_device)
-        out_node.input.append(_input_ref(producer, index))
+        out_node.input.append(_input_ref(*held[-1]))
         if _orders(nodes, swap.out_after):
             out_node.input.append("^" + swap.out_after)
         out_node.attr["T"].CopyFrom(dtype_attr)
@@ -257,10 +272,13 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
             in_node.attr["_output_shapes"].CopyFrom(out_node.attr["_output_shapes"])
         swap_out_name[swap.id] = out_name
         swap_in_node[swap.id] = in_node
-        swap_nodes.append(SwapNodes(swap.id, swap.tensor, out_name, in_name))
+        swap_nodes.append((k, SwapNodes(swap.id, swap.tensor, out_name, in_name)))
 
         for consumer in swap.consumers:
-            _repoint(graph_def, nodes, nodes[consumer], (producer, index), in_name, k)
+            for copy in held:
+                _repoint(graph_def, nodes, nodes[consumer], copy, in_name, k)
+        held.append((in_name, 0))
+        came_back[(producer, index)] = swap.in_after
 
     for swap in plan.swaps:  # after the loop: a swap may wait for a later-listed one
         swap_in_node[swap.id].input.extend("^" + swap_out_name[w] for w in swap.in_wait_for)
@@ -283,4 +301,5 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
             previous = op
 
     topological_order(graph_def)  # raises on a cycle
-    return RewrittenGraph(graph_def, tuple(swap_nodes), plan.schedule, device, host)
+    return RewrittenGraph(graph_def, tuple(n for _, n in sorted(swap_nodes, key=lambda e: e[0])),
+                          plan.schedule, device, host)
