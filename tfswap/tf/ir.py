@@ -312,6 +312,52 @@ def _set_aliases(ops: list[Op], tensors: list[Tensor], profile: Profile | None,
             else t for t in tensors]
 
 
+def _keep_traced_forwards(ops: list[Op], tensors: list[Tensor],
+                          executed_order: Sequence[str]) -> list[Op]:
+    """Order every other reader of a buffer that the trace saw an op write in
+    place before that op.
+
+    TF forwards an input's buffer to an op's output only when nothing else
+    holds it, so in the traced run every other reader of that buffer had run
+    before the forwarding op.  A schedule that moves one of them after it
+    makes TF allocate the output afresh while the memory model counts it in
+    the shared buffer (fuzz seed 1058: a Square whose input a later gradient
+    still read needed 256 KiB more than planned, and whether a swap-out had
+    freed as much by then depended on the host thread's timing).  Control
+    edges keep every schedule the planner tries within the forwards the model
+    counts.  Views (reads of the same buffer, not writes) need no such edge.
+    Only readers that ran before the forwarding op get an edge, so the edges
+    follow the traced order and cannot close a cycle.
+    """
+    position = {name: k for k, name in enumerate(executed_order)}
+    by_name = {t.name: t for t in tensors}
+    readers: dict[str, set[str]] = {}   # buffer root -> ops reading any of its tensors
+    for op in ops:
+        for name in op.inputs:
+            readers.setdefault(by_name[name].alias_of or name, set()).add(op.name)
+    shared: dict[str, list[Tensor]] = {}   # op -> its outputs that share an input's buffer
+    for t in tensors:
+        if t.alias_of:
+            shared.setdefault(t.name.rpartition(":")[0], []).append(t)
+    extra: dict[str, list[str]] = {}
+    for op in ops:
+        if op.name not in shared or op.name not in position or op.type in VIEW_OPS \
+                or op.type in REF_FORWARDING_OPS or op.type == "IdentityN":
+            continue
+        for out in shared[op.name]:
+            # Same bytes as the input whose buffer it shares: written in place.
+            # Fewer: a slice of it (Split, Unpack), read, not written.
+            if not any((by_name[i].alias_of or i) == out.alias_of
+                       and by_name[i].nbytes == out.nbytes for i in op.inputs):
+                continue
+            for r in sorted(readers.get(out.alias_of, ()), key=lambda r: position.get(r, -1)):
+                if r != op.name and position.get(r, len(position)) < position[op.name] \
+                        and r not in op.control_inputs and r not in extra.get(op.name, ()):
+                    extra.setdefault(op.name, []).append(r)
+    return [replace(op, control_inputs=op.control_inputs + tuple(extra[op.name]))
+            if op.name in extra else op for op in ops]
+
+
 def _reduce(graph: DataflowGraph, tf_graph: tf.Graph, keep_ops: set[str],
             fold_bytes: int) -> tuple[DataflowGraph, dict]:
     order = graph.topological_order()
@@ -422,6 +468,8 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
     tensors = _hold_saved_state(ops, tensors)
     handle_of = {c.name: c.name for c in captured.captures if c.variable is not None}
     tensors = _set_aliases(ops, tensors, profile, handle_of, keep=captured.fetches)
+    if profile is not None and profile.source == "trace":
+        ops = _keep_traced_forwards(ops, tensors, profile.executed_order)
     graph = DataflowGraph.build(ops, tensors)
 
     variables = [f"{op.name}:0" for op in ops
