@@ -58,3 +58,30 @@ def test_a_buffer_that_leaves_twice_leaves_from_its_copy_and_views_follow():
     want = runtime.bind(captured, captured.graph_def)(x)["loss"].numpy()
     got = runtime.bind(captured, rewritten.graph_def)(x)["loss"].numpy()
     assert got == want
+
+
+def test_swap_outs_run_on_the_device_and_their_host_copies_are_not_device_memory():
+    """A swap-out on the emulated host read its tensor through a Send/Recv whose
+    callback could hold the device buffer well after the copy (fuzz seed 1010)."""
+    from tensorflow.core.framework import step_stats_pb2
+
+    from tfswap.tf import measure
+
+    _, captured = _step()
+    plan = Plan(schedule=("x", "MatMul/ReadVariableOp", "MatMul", "concat", "Tanh", "Reshape",
+                          "Sum_2", "Sum", "Sum_1", "add", "Identity"),
+                swaps=(Swap("MatMul:0", out_after="concat", in_after="Tanh",
+                            consumers=("Reshape",), bytes=128 * 64 * 4),))
+    rewritten = rewrite.rewrite(captured, plan, DEVICE, HOST)
+    assert {n.device for n in rewritten.graph_def.node if n.op == "SwapOut"} == {DEVICE}
+
+    stats = step_stats_pb2.StepStats()
+    dev = stats.dev_stats.add(device="/job:localhost/replica:0/task:0/device:CPU:0")
+    for name, op, records in (("MatMul", "MatMul", ((1, 100), (5, -100))),
+                              ("tfswap/swap_out_0", "SwapOut", ((4, 100),)),
+                              ("tfswap/swap_in_0", "SwapIn", ((6, 100), (8, -100)))):
+        node = dev.node_stats.add(node_name=name, timeline_label=f"{name} = {op}(x)")
+        mem = node.memory.add(allocator_name="cpu")
+        for t, nbytes in records:
+            mem.allocation_records.add(alloc_micros=t, alloc_bytes=nbytes)
+    assert measure.transient_peak(stats, DEVICE) == 100

@@ -326,15 +326,18 @@ def _keep_traced_forwards(ops: list[Op], tensors: list[Tensor],
     freed as much by then depended on the host thread's timing).  Control
     edges keep every schedule the planner tries within the forwards the model
     counts.  Views (reads of the same buffer, not writes) need no such edge.
-    Only readers that ran before the forwarding op get an edge, so the edges
-    follow the traced order and cannot close a cycle.
+    Only readers that ran before the forwarding op, of tensors produced before
+    it, get an edge, so the edges follow the traced order and cannot close a
+    cycle.
     """
     position = {name: k for k, name in enumerate(executed_order)}
     by_name = {t.name: t for t in tensors}
-    readers: dict[str, set[str]] = {}   # buffer root -> ops reading any of its tensors
+    # Buffer root -> (reader, producer of the tensor it reads) for every read.
+    readers: dict[str, set[tuple[str, str]]] = {}
     for op in ops:
         for name in op.inputs:
-            readers.setdefault(by_name[name].alias_of or name, set()).add(op.name)
+            readers.setdefault(by_name[name].alias_of or name, set()).add(
+                (op.name, name.rpartition(":")[0]))
     shared: dict[str, list[Tensor]] = {}   # op -> its outputs that share an input's buffer
     for t in tensors:
         if t.alias_of:
@@ -350,9 +353,12 @@ def _keep_traced_forwards(ops: list[Op], tensors: list[Tensor],
             if not any((by_name[i].alias_of or i) == out.alias_of
                        and by_name[i].nbytes == out.nbytes for i in op.inputs):
                 continue
-            for r in sorted(readers.get(out.alias_of, ()), key=lambda r: position.get(r, -1)):
-                if r != op.name and position.get(r, len(position)) < position[op.name] \
-                        and r not in op.control_inputs and r not in extra.get(op.name, ()):
+            at = position[op.name]
+            earlier = sorted({r for r, p in readers.get(out.alias_of, ())
+                              if r != op.name and position.get(r, at) < at
+                              and position.get(p, at) < at}, key=position.get)
+            for r in earlier:
+                if r not in op.control_inputs and r not in extra.get(op.name, ()):
                     extra.setdefault(op.name, []).append(r)
     return [replace(op, control_inputs=op.control_inputs + tuple(extra[op.name]))
             if op.name in extra else op for op in ops]
