@@ -65,3 +65,16 @@ def test_views_and_slices_share_a_buffer_without_ordering_its_readers():
     got = {op.name: op.control_inputs
            for op in ir._keep_traced_forwards(ops, tensors, ("g", "r", "v", "s", "m"))}
     assert got == {"g": (), "r": (), "v": (), "s": (), "m": ("r", "v", "s")}
+
+
+def test_a_reader_of_a_variables_value_stays_before_its_in_place_update():
+    # r read the value before the update u in the trace; a schedule moving r after
+    # u would make TF copy the variable first (fuzz seed 1029 measured that copy).
+    ops = [Op("read", "ReadVariableOp"), Op("r", "MatMul", inputs=("read:0",)),
+           Op("g", "Relu"), Op("u", "AssignSubVariableOp", inputs=("g:0",)),
+           Op("later", "ReadVariableOp"), Op("s", "MatMul", inputs=("later:0",))]
+    tensors = [Tensor("read:0", 64), Tensor("r:0", 64), Tensor("g:0", 64),
+               Tensor("later:0", 64, alias_of="read:0"), Tensor("s:0", 64)]
+    got = {op.name: op.control_inputs for op in ir._keep_traced_forwards(
+        ops, tensors, ("read", "g", "r", "u", "later", "s"), updates={"u": "read:0"})}
+    assert got["u"] == ("r",) and got["s"] == ()
