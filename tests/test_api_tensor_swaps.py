@@ -42,3 +42,31 @@ def test_a_forward_broken_by_the_schedule_carries_the_earlier_value():
         Swap("g:0", out_after="m", in_after="m", consumers=("r",), bytes=8),))
     got = _tensor_swaps(plan, _graph(ops, tensors))
     assert [(s.tensor, s.consumers, s.id) for s in got.swaps] == [("g:0", ("r",), "g:0")]
+
+
+def test_each_reader_gets_the_value_it_reads_through_its_views():
+    # g's buffer holds g, a view v of g, and m, which the trace saw forwarded
+    # into it.  After the gap q reads m and r reads v: r must get g's copy (the
+    # value v views), not m's (an Einsum's gradient swap once listed a MatMul
+    # reading another member of its buffer).
+    ops = [Op("g", "MatMul"), Op("v", "Reshape", inputs=("g:0",)), Op("m", "Mul", inputs=("g:0",)),
+           Op("q", "Relu", inputs=("m:0",)), Op("r", "Sum", inputs=("v:0",))]
+    tensors = [Tensor("g:0", 8), Tensor("v:0", 8, alias_of="g:0"),
+               Tensor("m:0", 8, alias_of="g:0"), Tensor("q:0", 8), Tensor("r:0", 1)]
+    plan = Plan(schedule=("g", "v", "m", "q", "r"), swaps=(
+        Swap("g:0", out_after="m", in_after="m", consumers=("q", "r"), bytes=8),))
+    got = _tensor_swaps(plan, _graph(ops, tensors))
+    assert [(s.tensor, s.consumers, s.id, s.bytes) for s in got.swaps] == [
+        ("g:0", ("r",), "g:0|g:0", 8), ("m:0", ("q",), "g:0|m:0", 8)]
+
+
+def test_a_member_written_after_the_gap_needs_no_copy():
+    # The swapped-in g is forwarded into m by the first consumer; n reads m.
+    ops = [Op("g", "MatMul"), Op("a", "Relu", inputs=("g:0",)), Op("m", "Mul", inputs=("g:0",)),
+           Op("n", "Relu", inputs=("m:0",))]
+    tensors = [Tensor("g:0", 8), Tensor("a:0", 8), Tensor("m:0", 8, alias_of="g:0"),
+               Tensor("n:0", 8)]
+    plan = Plan(schedule=("g", "a", "m", "n"), swaps=(
+        Swap("g:0", out_after="a", in_after="a", consumers=("m", "n"), bytes=8),))
+    got = _tensor_swaps(plan, _graph(ops, tensors))
+    assert [(s.tensor, s.consumers, s.id) for s in got.swaps] == [("g:0", ("m",), "g:0")]

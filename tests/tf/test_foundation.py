@@ -69,7 +69,7 @@ def test_swaps_and_schedule_survive_execution(planned):
     executed = list(m.executed_ops)
     for nodes in rewritten.swaps:
         assert nodes.swap_out in executed and nodes.swap_in in executed
-        assert m.node_devices[nodes.swap_out].endswith("CPU:1")
+        assert m.node_devices[nodes.swap_out].endswith("CPU:0")
         assert m.node_devices[nodes.swap_in].endswith("CPU:0")
     # Grappler folds shape computations into constants and bypasses redundant
     # reshapes, which then float free of the chain; the ops that hold memory

@@ -312,6 +312,63 @@ def _set_aliases(ops: list[Op], tensors: list[Tensor], profile: Profile | None,
             else t for t in tensors]
 
 
+def _keep_traced_forwards(ops: list[Op], tensors: list[Tensor],
+                          executed_order: Sequence[str],
+                          updates: dict[str, str] | None = None) -> list[Op]:
+    """Order every other reader of a buffer that the trace saw an op write in
+    place before that op.
+
+    TF forwards an input's buffer to an op's output only when nothing else
+    holds it, so in the traced run every other reader of that buffer had run
+    before the forwarding op.  A schedule that moves one of them after it
+    makes TF allocate the output afresh while the memory model counts it in
+    the shared buffer (fuzz seed 1058: a Square whose input a later gradient
+    still read needed 256 KiB more than planned).  Likewise an in-place
+    variable update (``updates``: op -> the variable's value) copies the
+    variable first if a reader of its value is still to run (fuzz seed 1029).
+    Control edges keep every schedule the planner tries within the writes the
+    model counts.  Views and slices (reads of the same buffer) need no edge.
+    Only readers that ran before the writing op, of tensors produced before
+    it, get an edge, so the edges follow the traced order and cannot close a
+    cycle.
+    """
+    position = {name: k for k, name in enumerate(executed_order)}
+    by_name = {t.name: t for t in tensors}
+    op_type = {op.name: op.type for op in ops}
+    op_inputs = {op.name: op.inputs for op in ops}
+    written: dict[str, set[str]] = {}   # op -> roots of the buffers it writes in place
+    for t in tensors:
+        op_name = t.name.rpartition(":")[0]
+        if not t.alias_of or op_type.get(op_name) in VIEW_OPS | REF_FORWARDING_OPS | {"IdentityN"}:
+            continue
+        # Same bytes as the input whose buffer it shares: written in place.
+        # Fewer: a slice of it (Split, Unpack), read, not written.
+        if any((by_name[i].alias_of or i) == t.alias_of and by_name[i].nbytes == t.nbytes
+               for i in op_inputs.get(op_name, ())):
+            written.setdefault(op_name, set()).add(t.alias_of)
+    for op_name, value in (updates or {}).items():
+        written.setdefault(op_name, set()).add(by_name[value].alias_of or value)
+    # Buffer root -> (reader, producer of the tensor it reads) for every read.
+    readers: dict[str, set[tuple[str, str]]] = {}
+    for op in ops:
+        for name in op.inputs:
+            readers.setdefault(by_name[name].alias_of or name, set()).add(
+                (op.name, name.rpartition(":")[0]))
+    extra: dict[str, list[str]] = {}
+    for op in ops:
+        at = position.get(op.name)
+        if at is None or op.name not in written:
+            continue
+        earlier = sorted({r for root in written[op.name] for r, p in readers.get(root, ())
+                          if r != op.name and position.get(r, at) < at
+                          and position.get(p, at) < at and r not in op.control_inputs},
+                         key=position.get)
+        if earlier:
+            extra[op.name] = earlier
+    return [replace(op, control_inputs=op.control_inputs + tuple(extra[op.name]))
+            if op.name in extra else op for op in ops]
+
+
 def _reduce(graph: DataflowGraph, tf_graph: tf.Graph, keep_ops: set[str],
             fold_bytes: int) -> tuple[DataflowGraph, dict]:
     order = graph.topological_order()
@@ -422,18 +479,10 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
     tensors = _hold_saved_state(ops, tensors)
     handle_of = {c.name: c.name for c in captured.captures if c.variable is not None}
     tensors = _set_aliases(ops, tensors, profile, handle_of, keep=captured.fetches)
-    graph = DataflowGraph.build(ops, tensors)
-
     variables = [f"{op.name}:0" for op in ops
                  if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in handle_of]
     writers = [op.name for op in ops if op.type not in VARIABLE_READERS
                and any(t in handle_of for t in op.inputs)]
-    if classify:
-        graph = kinds_mod.classify(
-            graph, loss=captured.fetches, variables=variables,
-            # An argument the step never reads (Grappler pruned it) is no input.
-            inputs=[f for f in captured.feeds if f.rpartition(":")[0] in needed],
-            writers=writers, small_bytes=small_bytes)
     first_read = {}
     for op in ops:
         if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in handle_of:
@@ -447,6 +496,15 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
             assigned.extend(t for t in op.inputs[1:] if t not in handle_of)
         elif handles[0] in first_read:
             updates[op.name] = first_read[handles[0]]
+    if profile is not None and profile.source == "trace":
+        ops = _keep_traced_forwards(ops, tensors, profile.executed_order, updates)
+    graph = DataflowGraph.build(ops, tensors)
+    if classify:
+        graph = kinds_mod.classify(
+            graph, loss=captured.fetches, variables=variables,
+            # An argument the step never reads (Grappler pruned it) is no input.
+            inputs=[f for f in captured.feeds if f.rpartition(":")[0] in needed],
+            writers=writers, small_bytes=small_bytes)
     keep_ops = {f.rpartition(":")[0] for f in captured.fetches} | set(captured.control_outputs)
     if reduce:
         graph, node_map = _reduce(graph, tf_graph, keep_ops, fold_bytes)

@@ -7,7 +7,8 @@ variables are copies of the captured ones (the user's are never touched).
 Device peak = max over time of the bytes live in buffers allocated by nodes
 placed on the device (allocation records of every node, in time order;
 forwarded buffers are not new allocations and so are counted once), plus
-the bytes of the variables homed on the device.
+the bytes of the variables homed on the device.  A ``SwapOut``'s output is
+the host copy (host memory on a GPU), so its records are not counted.
 
 Example::
 
@@ -27,6 +28,7 @@ from tensorflow.core.protobuf import config_pb2
 
 from tfswap.tf.capture import CapturedFunction
 from tfswap.tf.emulate import DEVICE
+from tfswap.tf.rewrite import SWAP_OUT_OP
 from tfswap.tf.runtime import grappler_config
 
 
@@ -59,6 +61,8 @@ def transient_peak(step_stats, device: str = DEVICE) -> int:
         if not dev.device.endswith(suffix):
             continue
         for node in dev.node_stats:
+            if _op_type(node) == SWAP_OUT_OP:
+                continue   # its output is the host copy (host memory on a GPU too)
             for mem in node.memory:
                 for rec in mem.allocation_records:
                     events.append((rec.alloc_micros, rec.alloc_bytes))
@@ -70,6 +74,12 @@ def transient_peak(step_stats, device: str = DEVICE) -> int:
         live += delta
         peak = max(peak, live)
     return peak
+
+
+def _op_type(node_stats) -> str:
+    """The op type in a traced node's timeline label ("[...] name = Type(inputs)")."""
+    _, _, rest = node_stats.timeline_label.partition(" = ")
+    return rest.partition("(")[0]
 
 
 def executed_order(step_stats) -> list[tuple[int, str, str]]:
@@ -116,7 +126,7 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
     cfg.CopyFrom(config if config is not None else grappler_config())
     cfg.device_count["CPU"] = 2
     # Two threads: the control chain serialises the compute ops anyway, and the
-    # host-side swap ops need a thread of their own to overlap, like a copy stream.
+    # swap ops need a thread of their own to overlap, like a copy stream.
     if inter_op_threads < 1:
         raise ValueError(f"inter_op_threads must be >= 1, got {inter_op_threads}")
     cfg.inter_op_parallelism_threads = inter_op_threads

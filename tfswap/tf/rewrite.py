@@ -2,20 +2,17 @@
 
 For each swap (SwapAdvisor §4.2, Fig. 3):
 
-* ``SwapOut`` reads the tensor and runs after ``out_after`` (control edge),
-  placed so that its host buffer is attributed to the host;
+* ``SwapOut`` reads the tensor on the device and runs after ``out_after``
+  (control edge); its output is the host copy;
 * ``SwapIn`` reads the SwapOut's output and runs after its trigger op
   ``in_after`` (none when it is empty) and after the swap-outs listed in
   ``in_wait_for``;
 * the ops listed in ``out_before`` run after the SwapOut (they take the
   memory it frees);
 * the listed consumers read the SwapIn's output; every other reader keeps
-  reading the original.
-
-A tensor can make several round trips.  From the second on, the device holds
-the previous SwapIn's copy (its consumers, views such as a Reshape included,
-were re-pointed to it), so that copy is what leaves and what the consumers
-read through their views; the original is swapped only where they read it.
+  reading the original;
+* a tensor that leaves more than once leaves from its newest copy (the
+  previous SwapIn's output), so each swap-out releases what is on the device.
 
 Consecutive ops of the schedule are chained with control edges so the
 executor runs them in the planned order.  The function never mutates its
@@ -137,18 +134,6 @@ def _orders(nodes: dict, name: str) -> bool:
     return bool(name) and nodes[name].op != "Placeholder"
 
 
-def _source(nodes: dict, swap, tensor: tuple[str, int], copy_of: dict) -> tuple[str, int]:
-    """What ``swap`` moves: the latest SwapIn copy of ``tensor`` if every consumer
-    reads it (or a view of it), else the original if they all read that."""
-    candidates = [(copy_of[tensor], 0)] if tensor in copy_of else []
-    for source in candidates + [tensor]:
-        if all(_reads(nodes, nodes[c], source) for c in swap.consumers):
-            return source
-    consumer = next(c for c in swap.consumers if not _reads(nodes, nodes[c], tensor))
-    raise RewriteError(f"swap {swap.id!r}: {consumer!r} does not read {swap.tensor} "
-                       "(or a view of it)")
-
-
 def _device_kind(device: str) -> str:
     return tf.DeviceSpec.from_string(device).device_type or ""
 
@@ -211,20 +196,27 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
     with reference.as_default():
         tf.graph_util.import_graph_def(captured.graph_def, name="")
 
-    # On a GPU both swap ops sit on the device (host side is HostMemory in the
-    # kernel); on the emulated device the swap-out runs on the host CPU so its
-    # buffer is host memory in the step stats.
-    swap_out_device = host if _device_kind(device) == "CPU" else device
+    # Both swap ops sit on the device, the swap-out's output being host memory
+    # (HostMemory in the GPU kernel; on the emulated device measure counts it as
+    # the host's).  A swap-out placed on the emulated host read the tensor
+    # through a Send/Recv pair whose receive callback held the device buffer
+    # until the executor thread that ran it returned, which could be several
+    # ops after the swap-out (fuzz seed 1010: 560 us later, 256 KiB above the
+    # budget in one run of eight), so when the memory came free was a matter
+    # of thread timing instead of the plan's control edges.
+    swap_out_device = device
 
-    swap_nodes = {}  # by index in plan.swaps: RewrittenGraph.swaps keeps its order
+    swap_nodes = []
     swap_out_name = {}
     swap_in_node = {}
-    copy_of: dict[tuple[str, int], str] = {}  # tensor -> SwapIn of its latest round trip
-    # Round trips of one tensor in step order: a later one may move the earlier's copy.
-    by_step = sorted(range(len(plan.swaps)),
-                     key=lambda k: position.get(plan.swaps[k].out_after, -1))
-    for k in by_step:
-        swap = plan.swaps[k]
+    # Device copies of each swapped tensor, oldest first: the original, then the
+    # SwapIn of each round trip.  A tensor that leaves again leaves from its
+    # newest copy; the original is gone after its first swap-out.
+    copies: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    came_back: dict[tuple[str, int], str] = {}
+    in_step_order = sorted(enumerate(plan.swaps),
+                           key=lambda e: position.get(e[1].out_after, -1))
+    for k, swap in in_step_order:
         if swap.kind == "recompute":
             raise RewriteError(
                 f"swap {swap.id!r} recomputes {swap.tensor!r}; this rewrite cannot re-run ops "
@@ -248,11 +240,18 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         for op in (swap.out_after, swap.in_after, *swap.out_before):
             if op and op not in nodes:
                 raise RewriteError(f"swap {swap.id!r}: op {op!r} is not in the graph")
+        held = copies.setdefault((producer, index), [(producer, index)])
+        if swap.out_after in position and position.get(came_back.get((producer, index)),
+                                                       -1) > position[swap.out_after]:
+            raise RewriteError(
+                f"swap {swap.id!r}: {swap.tensor} leaves after {swap.out_after!r}, before its "
+                f"previous swap-in (after {came_back[(producer, index)]!r}) brought it back")
         for consumer in swap.consumers:
             if consumer not in nodes:
                 raise RewriteError(f"swap {swap.id!r}: consumer {consumer!r} is not in the graph")
-        source = _source(nodes, swap, (producer, index), copy_of)
-        for consumer in swap.consumers:
+            if not any(_reads(nodes, nodes[consumer], copy) for copy in held):
+                raise RewriteError(f"swap {swap.id!r}: {consumer!r} does not read {swap.tensor} "
+                                   "(or a view of it)")
             if swap.in_after in position and consumer in position \
                     and position[consumer] <= position[swap.in_after]:
                 raise RewriteError(
@@ -263,7 +262,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         in_name = f"{SWAP_SCOPE}/swap_in_{k}"
         dtype_attr = attr_value_pb2.AttrValue(type=tensor.dtype.as_datatype_enum)
         out_node = graph_def.node.add(name=out_name, op=SWAP_OUT_OP, device=swap_out_device)
-        out_node.input.append(_input_ref(*source))
+        out_node.input.append(_input_ref(*held[-1]))
         if _orders(nodes, swap.out_after):
             out_node.input.append("^" + swap.out_after)
         out_node.attr["T"].CopyFrom(dtype_attr)
@@ -278,11 +277,13 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
             in_node.attr["_output_shapes"].CopyFrom(out_node.attr["_output_shapes"])
         swap_out_name[swap.id] = out_name
         swap_in_node[swap.id] = in_node
-        swap_nodes[k] = SwapNodes(swap.id, swap.tensor, out_name, in_name)
+        swap_nodes.append((k, SwapNodes(swap.id, swap.tensor, out_name, in_name)))
 
         for consumer in swap.consumers:
-            _repoint(graph_def, nodes, nodes[consumer], source, in_name, k)
-        copy_of[(producer, index)] = in_name
+            for copy in held:
+                _repoint(graph_def, nodes, nodes[consumer], copy, in_name, k)
+        held.append((in_name, 0))
+        came_back[(producer, index)] = swap.in_after
 
     for swap in plan.swaps:  # after the loop: a swap may wait for a later-listed one
         swap_in_node[swap.id].input.extend("^" + swap_out_name[w] for w in swap.in_wait_for)
@@ -305,5 +306,5 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
             previous = op
 
     topological_order(graph_def)  # raises on a cycle
-    return RewrittenGraph(graph_def, tuple(swap_nodes[k] for k in sorted(swap_nodes)),
+    return RewrittenGraph(graph_def, tuple(n for _, n in sorted(swap_nodes, key=lambda e: e[0])),
                           plan.schedule, device, host)
