@@ -273,7 +273,8 @@ def _positive_seconds(text: str) -> float:
 
 def _add_demo(sub) -> None:
     p = sub.add_parser(
-        "demo", help="try tfswap on a built-in Keras CNN (1-2 minutes on 2 CPU cores, no GPU needed)",
+        "demo",
+        help="try tfswap on a built-in Keras CNN (1-2 minutes on 2 CPU cores, no GPU needed)",
         description="Train a built-in Keras CNN on the emulated device with a memory budget "
                     "below what it needs, check that it trains exactly like the unmodified "
                     "step, print the plan and the memory saved, and write a Chrome trace and "
