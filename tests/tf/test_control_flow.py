@@ -268,13 +268,15 @@ def test_mixed_precision_trains_exactly_with_swaps(policy):
 
 def test_integer_tensors_are_swapped_and_train_exactly():
     def hook(k, h, saved):
-        if k == 1:   # an int32 tensor made early and read at the very end
-            saved.append(tf.cast(tf.round(h * 8.0), tf.int32))
+        if k == 1:   # an int32 tensor made early and read at the very end, the
+            # largest long-lived tensor, so that a budget near the smallest moves it
+            saved.append(tf.cast(tf.round(tf.tile(h, [1, 4]) * 8.0), tf.int32))
         return tf.nn.relu(h)
 
     def final(loss, h, saved):
-        late = saved[0] + tf.cast(tf.round(h), tf.int32)   # integer math after the forward
-        return loss + 1e-3 * tf.reduce_mean(tf.cast(tf.math.floormod(late, 3), tf.float32) * h)
+        late = saved[0] + tf.cast(tf.round(tf.tile(h, [1, 4])), tf.int32)   # after the forward
+        return loss + 1e-3 * tf.reduce_mean(
+            tf.cast(tf.math.floormod(late, 3), tf.float32) * tf.tile(h, [1, 4]))
 
     step = mlp_step("integers", hook, final)
     # Near the smallest budget the long-lived int32 tensor has to go.
