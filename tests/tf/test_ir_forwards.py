@@ -7,7 +7,7 @@ memory model did not count)."""
 import numpy as np
 import tensorflow as tf
 
-from tfswap.core.graph import Op, Tensor
+from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.profile import OpProfile, Profile
 from tfswap.tf import capture, ir
 
@@ -78,3 +78,17 @@ def test_a_reader_of_a_variables_value_stays_before_its_in_place_update():
     got = {op.name: op.control_inputs for op in ir._keep_traced_forwards(
         ops, tensors, ("read", "g", "r", "u", "later", "s"), updates={"u": "read:0"})}
     assert got["u"] == ("r",) and got["s"] == ()
+
+
+def test_a_trace_order_that_disagrees_with_the_graph_adds_no_cycle():
+    # The trace sorts by start microsecond, then by name: r, which reads m's
+    # output, can start in m's microsecond and sort first.  Ordering r before
+    # m (r also reads m's input buffer) would close a cycle m -> r -> m.
+    ops = [Op("g", "MatMul"), Op("m", "Mul", inputs=("g:0",)),
+           Op("r", "AddV2", inputs=("g:0", "m:0")), Op("x", "Relu", inputs=("g:0",))]
+    tensors = [Tensor("g:0", 64), Tensor("m:0", 64, alias_of="g:0"), Tensor("r:0", 64),
+               Tensor("x:0", 64)]
+    kept = ir._keep_traced_forwards(ops, tensors, ("g", "x", "r", "m"))
+    got = {op.name: op.control_inputs for op in kept}
+    assert got == {"g": (), "m": ("x",), "r": (), "x": ()}
+    DataflowGraph.build(kept, tensors).topological_order()   # raises on a cycle

@@ -37,6 +37,8 @@ Example::
 
 from __future__ import annotations
 
+import heapq
+
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -312,6 +314,51 @@ def _set_aliases(ops: list[Op], tensors: list[Tensor], profile: Profile | None,
             else t for t in tensors]
 
 
+def _consistent_positions(ops: Sequence[Op], executed_order: Sequence[str]) -> dict[str, int]:
+    """Each traced op's rank in the topological order nearest the traced one.
+
+    The trace's order is by start microsecond: a consumer can start in the
+    same microsecond as its producer and sort before it by name, and a
+    function body's node can share a name with a node outside.  Ranks taken
+    from a topological order of ``ops`` (ties broken by traced position) agree
+    with the trace wherever the trace agrees with the graph, and edges that
+    follow them cannot close a cycle.  Ops the trace did not see get no rank.
+    """
+    traced = {}
+    for k, name in enumerate(executed_order):
+        traced.setdefault(name, k)
+    index = {op.name: i for i, op in enumerate(ops)}
+    preds = [set() for _ in ops]
+    for i, op in enumerate(ops):
+        for name in op.inputs:
+            p = index.get(name.rpartition(":")[0])
+            if p is not None and p != i:
+                preds[i].add(p)
+        for name in op.control_inputs:
+            p = index.get(name)
+            if p is not None and p != i:
+                preds[i].add(p)
+    succ = [[] for _ in ops]
+    indeg = [len(p) for p in preds]
+    for i, ps in enumerate(preds):
+        for p in ps:
+            succ[p].append(i)
+    untraced = len(executed_order)
+    key = [(traced.get(op.name, untraced), i) for i, op in enumerate(ops)]
+    ready = [key[i] for i in range(len(ops)) if indeg[i] == 0]
+    heapq.heapify(ready)
+    rank = {}
+    while ready:
+        _, i = heapq.heappop(ready)
+        if ops[i].name in traced:
+            rank[ops[i].name] = len(rank)
+        for s in succ[i]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, key[s])
+    return rank
+
+
 def _keep_traced_forwards(ops: list[Op], tensors: list[Tensor],
                           executed_order: Sequence[str],
                           updates: dict[str, str] | None = None) -> list[Op]:
@@ -329,10 +376,10 @@ def _keep_traced_forwards(ops: list[Op], tensors: list[Tensor],
     Control edges keep every schedule the planner tries within the writes the
     model counts.  Views and slices (reads of the same buffer) need no edge.
     Only readers that ran before the writing op, of tensors produced before
-    it, get an edge, so the edges follow the traced order and cannot close a
-    cycle.
+    it, get an edge, so the edges follow one topological order and cannot
+    close a cycle.
     """
-    position = {name: k for k, name in enumerate(executed_order)}
+    position = _consistent_positions(ops, executed_order)
     by_name = {t.name: t for t in tensors}
     op_type = {op.name: op.type for op in ops}
     op_inputs = {op.name: op.inputs for op in ops}
