@@ -199,10 +199,13 @@ def _profile(captured, kind: str, spec: DeviceSpec, inputs, device: str, seed: i
 
 
 def pin_parameters(graph: DataflowGraph, resident) -> DataflowGraph:
-    """Mark the variables' value tensors unswappable: they stay on the device.
+    """Mark the device variables' value tensors (``resident``) unswappable.
 
-    The rewrite moves activations only; moving a variable's home to the host
-    (SwapAdvisor's parameter swapping) is not implemented for TF variables yet.
+    A variable the user created on the device stays there.  One created in
+    host memory (under ``tf.device(host)``) is read on the host; each read is
+    a parameter the plan fetches before its first use on the device.  Every
+    plan here is made with ``params_start_on_host=True``: TensorFlow keeps no
+    device copy of a host variable between steps, so none can start resident.
     """
     pinned = set(resident)
     tensors = [dataclasses.replace(t, swappable=False) if t.name in pinned else t
@@ -212,9 +215,12 @@ def pin_parameters(graph: DataflowGraph, resident) -> DataflowGraph:
         [dataclasses.replace(t, producer=-1, consumers=()) for t in tensors])
 
 
+SMALLEST_SMALL_BYTES = 4 << 10   # the default small-tensor threshold's floor
+
+
 def _small_threshold(step_peak_bytes: int) -> int:
     """Default small-tensor threshold: 1/1024 of the step's no-swap peak, 4 KiB to 1 MiB."""
-    return int(min(1 << 20, max(4 << 10, step_peak_bytes // 1024)))
+    return int(min(1 << 20, max(SMALLEST_SMALL_BYTES, step_peak_bytes // 1024)))
 
 
 @dataclass(frozen=True)
@@ -237,7 +243,7 @@ class _Stage:
         keep = tuple(lowered.fetches) + tuple(lowered.assigned)
         schedule = tuple(lowered.schedule())
         unconstrained = plan_swaps(graph, 1 << 62, spec, schedule=schedule, keep=keep,
-                                   small_threshold_bytes=small)
+                                   small_threshold_bytes=small, params_start_on_host=True)
         return cls(lowered, graph, keep, schedule, small, unconstrained)
 
 
@@ -253,7 +259,11 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     ``memory_budget``: bytes (int), a string such as "12GiB", or a fraction
     of the device's memory (float in (0, 1]).  ``device``/``host``: where the
     step runs and where swapped tensors wait (default: the emulated device if
-    set up, else the first GPU and CPU:0).  ``device_spec``: the device's
+    set up, else the first GPU and CPU:0).  Variables stay where they live:
+    a model and optimizer created under ``tf.device(host)`` keep their
+    parameters and optimizer state in host memory, and the plan fetches each
+    read before its use on the device (SwapAdvisor's parameter swapping; the
+    updates run on the host).  ``device_spec``: the device's
     figures for the simulator (default "cpu-emulated" on the emulated device;
     required on a GPU unless ``profile`` measures it, then its link figures
     default to "v100-16g-pcie3").  ``profile``: "trace" (run the step),
@@ -270,7 +280,8 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     model does not see (kernel workspaces TF allocates outside the profile).
     ``small_tensor_bytes``: tensors below this live in a small pool and are
     never swapped (default: 1/1024 of the step's no-swap device peak, between
-    4 KiB and 1 MiB, so that small models still have tensors worth moving).
+    4 KiB and 1 MiB, so that small models still have tensors worth moving;
+    if no plan fits with it, 4 KiB).
     ``verify_rounds``: where the device's peak can be measured (the emulated
     device), the rewritten
     step is run once and, if it needs more than the budget, planned again
@@ -298,6 +309,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
                                            or small_tensor_bytes < 0):
         raise ValueError(f"small_tensor_bytes must be an int >= 0 (bytes), got "
                          f"{small_tensor_bytes!r}")
+    threshold_given = small_tensor_bytes is not None
     started = time.perf_counter()
     prof = _profile(captured, profile, spec, inputs, device, seed)
     if small_tensor_bytes is not None:
@@ -323,7 +335,9 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     # budget, the model's "fits" is wrong and the step is planned (and verified).
     measured_over = prof.source == "trace" and (prof.peak_bytes or 0) > budget
     if unconstrained.prediction.peak_bytes <= planner_budget and not measured_over:
-        notes.append("the step already fits the budget: no swaps")
+        notes.append("the step already fits the budget: no swaps" if not unconstrained.swaps
+                     else "the step already fits the budget: it only fetches the host-homed "
+                     "variables it reads")
         plan = _finish(dataclasses.replace(unconstrained, planner="tfswap.no-swap"), budget,
                        captured, lowered, outside)
         return _bind(captured, lowered, plan, spec, budget, device, host, None, prof, notes)
@@ -334,11 +348,13 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
         mode=mode, progress=progress)
     verify = _measurable(device) and verify_rounds > 0
     feed = list(inputs) if inputs is not None else _sample_inputs(captured, seed)
-    for attempt in range(1 + (verify_rounds if verify else 0)):
+    rounds = 1 + (verify_rounds if verify else 0)
+    attempt = 0
+    while attempt < rounds:
         try:
             result = ga.plan(graph, planner_budget, spec, config=config,
                              initial_schedule=schedule, keep=keep,
-                             small_threshold_bytes=small_tensor_bytes)
+                             small_threshold_bytes=small_tensor_bytes, params_start_on_host=True)
             found = result.plan
         except (ValueError, InfeasibleAllocation) as err:
             # The search's pools round sizes up to classes; the planner on TF's
@@ -354,6 +370,17 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
                     f"least about {int(1.05 * measured.peak_bytes) + 1} bytes (what that plan "
                     f"measured, plus 5%), or "
                     f"raise safety_margin. (Planner: {err})") from err
+            if found is None and not threshold_given and small_tensor_bytes > SMALLEST_SMALL_BYTES:
+                # Tensors under the threshold share one small pool that nothing
+                # swaps; at a tight budget that pool is what does not fit.
+                stage = _Stage.lower(captured, prof, spec, SMALLEST_SMALL_BYTES)
+                lowered, graph, keep, schedule = (stage.lowered, stage.graph, stage.keep,
+                                                  stage.schedule)
+                notes.append(f"no plan with tensors under {small_tensor_bytes} B kept in the "
+                             f"small pool: planned with {stage.small} B")
+                small_tensor_bytes = stage.small
+                planner_budget, outside = _planner_budget(budget, lowered, safety_margin)
+                continue
             if found is None:
                 minimum = _minimum_budget(graph, spec, schedule, keep, outside, safety_margin,
                                           small_tensor_bytes)
@@ -388,6 +415,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
         notes.append(f"measured peak {measured.peak_bytes} B exceeded the budget by {excess} B; "
                      "re-planned with that much less")
         planner_budget -= excess + budget // 100
+        attempt += 1
     raise BudgetError(
         f"after {verify_rounds} re-plans the measured peak ({measured.peak_bytes} B) still "
         f"exceeds memory_budget {budget} B; raise the budget or the safety_margin")
@@ -489,11 +517,13 @@ def _with_outside(prediction: Prediction, outside: int) -> Prediction:
 def _minimum_budget(graph, spec, schedule, keep, outside, safety_margin, small) -> int:
     """The smallest budget (with 5% headroom) whose planner budget the default plan accepts."""
     lo, hi = 1, plan_swaps(graph, 1 << 62, spec, schedule=schedule, keep=keep,
-                           small_threshold_bytes=small).prediction.peak_bytes
+                           small_threshold_bytes=small,
+                           params_start_on_host=True).prediction.peak_bytes
     while hi - lo > max(1, hi // 200):
         mid = (lo + hi) // 2
         try:
-            plan_swaps(graph, mid, spec, schedule=schedule, keep=keep, small_threshold_bytes=small)
+            plan_swaps(graph, mid, spec, schedule=schedule, keep=keep,
+                       small_threshold_bytes=small, params_start_on_host=True)
             hi = mid
         except (ValueError, InfeasibleAllocation):
             lo = mid
@@ -506,7 +536,7 @@ def _order_plan(graph, budget, spec, schedule, keep, small) -> Plan | None:
     """The planner's plan on TF's order with exact sizes, or None if it does not fit."""
     try:
         plan = plan_swaps(graph, budget, spec, schedule=schedule, keep=keep,
-                          small_threshold_bytes=small)
+                          small_threshold_bytes=small, params_start_on_host=True)
     except (ValueError, InfeasibleAllocation):
         return None
     return dataclasses.replace(plan, planner="tfswap.order")

@@ -3,12 +3,15 @@
 Each builder returns a :class:`TrainStep`: the Keras model, its optimizer,
 the ``tf.function`` ConcreteFunction of one training step (returns
 ``{"loss": ...}``), and a deterministic batch to feed it.  Build models after
-:func:`tfswap.tf.emulate.setup` when using the emulated device.
+:func:`tfswap.tf.emulate.setup` when using the emulated device.  Every builder
+takes ``variables_on``: where the model's and the optimizer's variables live
+(the host keeps the parameters in host memory; tfswap swaps them in).
 
 Example::
 
     step = zoo.cnn(batch=32)
     step.concrete_fn(*step.batch)      # one Adam step, returns {"loss": ...}
+    offloaded = zoo.cnn(batch=32, variables_on="/device:CPU:1")
 """
 
 from __future__ import annotations
@@ -17,6 +20,24 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+
+def _homed(builder):
+    """Add ``variables_on`` to a builder: the device (e.g. the host,
+    ``"/device:CPU:1"`` on the emulated device) where the model's and the
+    optimizer's variables are created; None: TensorFlow's default placement.
+    Variables in host memory are parameters tfswap swaps in before use."""
+    import contextlib
+    import functools
+
+    @functools.wraps(builder)
+    def build(*args, variables_on: str | None = None, **kwargs):
+        import tensorflow as tf
+
+        with tf.device(variables_on) if variables_on else contextlib.nullcontext():
+            return builder(*args, **kwargs)
+
+    return build
 
 
 @dataclass(frozen=True)
@@ -71,6 +92,7 @@ def encoder_blocks(h, layers: int, heads: int, dim: int):
     return h
 
 
+@_homed
 def cnn(batch: int = 32, image: int = 32, channels: int = 16, classes: int = 10,
         blocks: int = 16, seed: int = 0) -> TrainStep:
     """Conv/BN/ReLU x ``blocks`` -> pooling -> Dense, sparse cross-entropy, Adam.
@@ -98,6 +120,7 @@ def cnn(batch: int = 32, image: int = 32, channels: int = 16, classes: int = 10,
     return _train_step("cnn", model, data, loss)
 
 
+@_homed
 def transformer(batch: int = 8, seq: int = 64, dim: int = 64, heads: int = 4,
                 layers: int = 2, vocab: int = 512, seed: int = 0) -> TrainStep:
     """A small Transformer encoder (embedding, MHA, LayerNorm, FFN) for token classification."""
@@ -121,6 +144,7 @@ def transformer(batch: int = 8, seq: int = 64, dim: int = 64, heads: int = 4,
     return _train_step("transformer", model, data, loss)
 
 
+@_homed
 def resnet50(batch: int = 2, image: int = 32, classes: int = 10, seed: int = 0) -> TrainStep:
     """keras.applications.ResNet50 (weights=None) at ``image`` x ``image`` (>= 32), Adam."""
     import keras
@@ -137,6 +161,7 @@ def resnet50(batch: int = 2, image: int = 32, classes: int = 10, seed: int = 0) 
     return _train_step("resnet50", model, data, loss)
 
 
+@_homed
 def bert(batch: int = 4, seq: int = 64, dim: int = 128, heads: int = 4, layers: int = 2,
          vocab: int = 1024, seed: int = 0) -> TrainStep:
     """A BERT-style encoder: token + learned position embeddings, LayerNorm, post-LN
@@ -159,6 +184,7 @@ def bert(batch: int = 4, seq: int = 64, dim: int = 128, heads: int = 4, layers: 
     return _train_step("bert", model, data, loss)
 
 
+@_homed
 def lstm(batch: int = 8, steps: int = 16, features: int = 32, units: int = 64,
          layers: int = 2, classes: int = 10, unroll: bool = True, seed: int = 0) -> TrainStep:
     """A stack of LSTMs over ``steps`` time steps, then Dense on the last state.

@@ -51,6 +51,7 @@ class CapturedTensor:
     name: str           # placeholder tensor name in the GraphDef
     value: Any          # the live eager tensor (for a variable: its resource handle)
     variable: tf.Variable | None  # the variable owning the handle, if any
+    host_homed: bool = False  # a variable that lives in host memory (see capture())
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,11 @@ class CapturedFunction:
     @property
     def variables(self) -> tuple[tf.Variable, ...]:
         return tuple(c.variable for c in self.captures if c.variable is not None)
+
+    @property
+    def host_homed(self) -> tuple[str, ...]:
+        """Placeholders of the variables that live in host memory between steps."""
+        return tuple(c.name for c in self.captures if c.host_homed)
 
 
 def _is_concrete_function(obj) -> bool:
@@ -150,8 +156,10 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
     owner = {}
     for var in variables:
         owner[id(var.handle)] = var
+    device = device or grappler.default_device()
     captures = tuple(
-        CapturedTensor(ph.name, value, owner.get(id(value)))
+        CapturedTensor(ph.name, value, owner.get(id(value)),
+                       _elsewhere(owner.get(id(value)), device))
         for ph, value in zip(concrete_fn.inputs[n_args:], captured_values))
 
     structured = concrete_fn.structured_outputs
@@ -162,9 +170,9 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
 
     control_outputs = tuple(op.name for op in graph.control_outputs)
     graph_def = graph.as_graph_def(add_shapes=True)
-    device = device or grappler.default_device()
     if optimize:
         graph_def = grappler.optimize(graph_def, fetches, control_outputs, device)
+    _place_on_variables(graph_def, captures)
     return CapturedFunction(
         graph_def=graph_def,
         args=tuple(args),
@@ -177,6 +185,39 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
         device=device,
         grappler_optimized=optimize,
     )
+
+
+def _elsewhere(variable, device: str) -> bool:
+    """Whether ``variable`` lives on another device than the step: in host memory.
+
+    A user who creates the model and optimizer under ``tf.device(host)`` keeps
+    their parameters in host memory between steps (SwapAdvisor's parameter
+    swapping); tfswap then swaps each read in before its use on the device.
+    """
+    if variable is None:
+        return False
+    have = tf.DeviceSpec.from_string(variable.device)
+    want = tf.DeviceSpec.from_string(device)
+    return (have.device_type, have.device_index or 0) != (want.device_type, want.device_index or 0)
+
+
+def _place_on_variables(graph_def, captures) -> None:
+    """Put every op that takes a host-homed variable's handle on that variable's device.
+
+    Grappler placed the graph's unplaced ops on the step's device; an op on a
+    resource must run where the resource lives (reads and updates of a host
+    variable run on the host, and only the values read travel).
+    """
+    homes = {c.name.partition(":")[0]: c.variable.device for c in captures if c.host_homed}
+    if not homes:
+        return
+    for node in graph_def.node:
+        for raw in node.input:
+            source = raw.lstrip("^").partition(":")[0]
+            if not raw.startswith("^") and source in homes:
+                node.device = tf.DeviceSpec.from_string(homes[source]).replace(
+                    job=None, replica=None, task=None).to_string()
+                break
 
 
 # Random ops whose stream is state inside the kernel instance (TensorFlow's

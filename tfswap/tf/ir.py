@@ -148,11 +148,12 @@ class LoweredGraph:
     ``node_map``: needed GraphDef node -> IR op (itself, or the op it was
     folded into).  ``pruned``: GraphDef nodes that nothing needs.
     ``fetches``: tensors live to the end of the step.  ``resident``: tensors
-    holding variable values (on the device for the whole step).  ``updates``:
+    holding device variables' values (on the device for the whole step; a
+    host-homed variable's reads are parameters the plan swaps in).  ``updates``:
     ops updating a variable in place (AssignAdd/Sub, ResourceApply*) -> a
     tensor holding that variable's value.  ``assigned``: tensors that an
     AssignVariableOp makes a variable's new value (held to the step's end).
-    ``variable_bytes``: bytes of all captured variables.  ``unprofiled``: IR
+    ``variable_bytes``: bytes of the captured variables homed on the device.  ``unprofiled``: IR
     ops the profile had no figures for, so time 0: the feeds, nodes TF folded
     to constants before running, and nodes its oneDNN rewrite merged into a
     neighbour (Conv2D + BiasAdd run as one kernel under the BiasAdd's name,
@@ -525,14 +526,19 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
         tensors = sized
     tensors = _hold_saved_state(ops, tensors)
     handle_of = {c.name: c.name for c in captured.captures if c.variable is not None}
-    tensors = _set_aliases(ops, tensors, profile, handle_of, keep=captured.fetches)
+    # A device variable's reads share its buffer, which in-place updates
+    # write.  A host-homed variable's reads are values on the host, each a
+    # parameter buffer of its own that the plan swaps in (a read after an
+    # update holds the new value, so it is not the earlier read's buffer).
+    on_device = {h: v for h, v in handle_of.items() if h not in set(captured.host_homed)}
+    tensors = _set_aliases(ops, tensors, profile, on_device, keep=captured.fetches)
     variables = [f"{op.name}:0" for op in ops
                  if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in handle_of]
     writers = [op.name for op in ops if op.type not in VARIABLE_READERS
                and any(t in handle_of for t in op.inputs)]
     first_read = {}
     for op in ops:
-        if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in handle_of:
+        if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in on_device:
             first_read.setdefault(op.inputs[0], f"{op.name}:0")
     updates, assigned = {}, []
     for op in ops:
@@ -559,11 +565,14 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
         node_map = {op.name: op.name for op in graph.ops}
     pruned = tuple(n.name for n in captured.graph_def.node if n.name not in needed)
     variable_bytes = sum(int(np.prod(c.variable.shape)) * c.variable.dtype.size
-                         for c in captured.captures if c.variable is not None)
+                         for c in captured.captures if c.variable is not None
+                         and not c.host_homed)
+    device_reads = {f"{op.name}:0" for op in ops
+                    if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in on_device}
     return LoweredGraph(
         graph=graph, node_map=node_map, pruned=pruned, fetches=tuple(captured.fetches),
-        resident=tuple(v for v in variables if node_map.get(v.rpartition(":")[0]) ==
-                       v.rpartition(":")[0]),
+        resident=tuple(v for v in variables if v in device_reads and
+                       node_map.get(v.rpartition(":")[0]) == v.rpartition(":")[0]),
         variable_bytes=variable_bytes,
         unprofiled=tuple(n for n in unprofiled if node_map.get(n) == n), profile=profile,
         updates={o: v for o, v in updates.items() if node_map.get(o) == o},

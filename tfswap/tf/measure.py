@@ -149,13 +149,15 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
         for k, (cap, value_np) in enumerate(zip(captured.captures, values)):
             if cap.variable is not None:
                 var = cap.variable
-                with tf.device(device):
+                # A host-homed variable keeps its home (its bytes are not the device's).
+                with tf.device(var.device if cap.host_homed else device):
                     handle = tf.raw_ops.VarHandleOp(
                         dtype=var.dtype, shape=var.shape, shared_name=f"tfswap_measure_{k}")
                     value = tf.compat.v1.placeholder(var.dtype, var.shape)
                     init_ops.append(tf.raw_ops.AssignVariableOp(resource=handle, value=value))
                 init_feed[value] = value_np
-                variable_bytes += int(np.prod(var.shape)) * var.dtype.size
+                if not cap.host_homed:
+                    variable_bytes += int(np.prod(var.shape)) * var.dtype.size
                 input_map[cap.name] = handle
             elif cap.value.dtype == tf.resource:
                 raise ValueError(f"captured resource {cap.name} is not a tf.Variable; "

@@ -49,7 +49,7 @@ class RewriteError(ValueError):
 class SwapNodes:
     swap_id: str
     tensor: str
-    swap_out: str   # node names in the rewritten GraphDef
+    swap_out: str   # node names in the rewritten GraphDef ("" for a prefetch: no swap-out)
     swap_in: str
 
 
@@ -84,6 +84,10 @@ def _predecessors(node) -> list[str]:
 # of the swapped-in copy: the view ops are cloned onto the SwapIn.
 VIEW_OPS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
                       "PreventGradient", "EnsureShape", "CheckNumerics", "Bitcast"})
+
+
+# Ops that read only their inputs' shapes.
+SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
 
 def _view_chain(nodes: dict, ref: tuple[str, int], source: tuple[str, int]) -> list[str] | None:
@@ -184,6 +188,84 @@ def _check_schedule(plan: Plan, nodes: dict) -> dict[str, int]:
     return position
 
 
+def host_homed_reads(captured: CapturedFunction, graph_def) -> set[tuple[str, int]]:
+    """The values read from host-homed variables (ReadVariableOp outputs on the
+    host) -> the variable read."""
+    handles = {c.name.partition(":")[0]: c.variable for c in captured.captures if c.host_homed}
+    return {(n.name, 0): handles[n.input[0].partition(":")[0]] for n in graph_def.node
+            if n.op == "ReadVariableOp" and n.input and n.input[0].partition(":")[0] in handles}
+
+
+def _direct_host_reads(graph_def, nodes: dict, host_values, device: str) -> dict:
+    """Host-homed value -> the ops on the device that read it (through views)
+    other than by a SwapIn."""
+    here = _placement(device)
+
+    def origin(ref):
+        while ref[0] in nodes and nodes[ref[0]].op in VIEW_OPS and ref[1] == 0 \
+                and _data_inputs(nodes[ref[0]]):
+            ref = _data_inputs(nodes[ref[0]])[0]
+        return ref
+
+    found: dict = {}
+    if not host_values:
+        return found
+    for node in graph_def.node:
+        if node.op in VIEW_OPS or node.op == SWAP_IN_OP or _placement(node.device) != here:
+            continue
+        for ref in _data_inputs(node):
+            value = origin(ref)
+            if value in host_values and node not in found.setdefault(value, []):
+                found[value].append(node)
+    return found
+
+
+def _fetch_small_host_reads(graph_def, nodes: dict, host_values, device: str,
+                            small_bytes: int) -> None:
+    """Give each small host-homed value that device ops read directly one SwapIn,
+    right after the read: small tensors live in the plan's small pool and are
+    never planned (an iteration counter, a bias)."""
+    direct = _direct_host_reads(graph_def, nodes, host_values, device)
+    for k, value in enumerate(sorted(direct)):
+        variable = host_values[value]
+        for reader in direct[value]:
+            if reader.op in SHAPE_OPS:   # needs the shape, not the bytes: ask the host
+                reader.device = tf.DeviceSpec.from_string(variable.device).replace(
+                    job=None, replica=None, task=None).to_string()
+        direct[value] = [r for r in direct[value] if r.op not in SHAPE_OPS]
+        if not direct[value]:
+            continue
+        if variable.shape.num_elements() * variable.dtype.size >= small_bytes:
+            continue
+        name = f"{SWAP_SCOPE}/small_in_{k}"
+        node = graph_def.node.add(name=name, op=SWAP_IN_OP, device=device)
+        node.input.append(_input_ref(*value))
+        node.attr["T"].type = variable.dtype.as_datatype_enum
+        node.attr["_output_shapes"].list.shape.add().CopyFrom(variable.shape.as_proto())
+        nodes[name] = node
+        for reader in direct[value]:
+            _repoint(graph_def, nodes, reader, value, name, f"small_{k}")
+
+
+def _check_host_reads(graph_def, nodes: dict, host_values, device: str) -> None:
+    """Every op on the device reads a host-homed variable's value through a SwapIn.
+
+    Reading it directly would make TF copy it in behind the plan's back (on
+    the emulated device that copy is free and unmeasured, so the check keeps
+    the measured peak honest).
+    """
+    for value, readers in _direct_host_reads(graph_def, nodes, host_values, device).items():
+        raise RewriteError(
+            f"op {readers[0].name!r} on the device reads {value[0]}, a host-homed variable's "
+            "value, without a swap-in: the plan must fetch every read of a host variable (a "
+            "While or If that holds it can not; keep that variable on the device)")
+
+
+def _placement(device: str) -> tuple[str, int]:
+    spec = tf.DeviceSpec.from_string(device)
+    return (spec.device_type or "", spec.device_index or 0)
+
+
 def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> RewrittenGraph:
     """Apply ``plan`` to the captured graph; see the module docstring."""
     ops.load()  # the swap op types must be registered to import the result
@@ -214,20 +296,37 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
     # newest copy; the original is gone after its first swap-out.
     copies: dict[tuple[str, int], list[tuple[str, int]]] = {}
     came_back: dict[tuple[str, int], str] = {}
-    in_step_order = sorted(enumerate(plan.swaps),
-                           key=lambda e: position.get(e[1].out_after, -1))
+    host_values = host_homed_reads(captured, graph_def)
+
+    def at(swap) -> float:
+        # A prefetch has no swap-out: it belongs just before its first reader.
+        if swap.kind == "prefetch":
+            return min((position.get(c, -1) for c in swap.consumers), default=-1) - 0.5
+        return position.get(swap.out_after, -1)
+
+    in_step_order = sorted(enumerate(plan.swaps), key=lambda e: at(e[1]))
     for k, swap in in_step_order:
         if swap.kind == "recompute":
             raise RewriteError(
                 f"swap {swap.id!r} recomputes {swap.tensor!r}; this rewrite cannot re-run ops "
                 "yet (recomputation exists in the simulator for the Capuchin-style baseline "
                 "only), so plan with tfswap.optimize or a swap-only policy")
-        if swap.kind != "round_trip":
-            raise RewriteError(
-                f"swap {swap.id!r} is a {swap.kind} of a parameter; this rewrite moves "
-                "activations only (parameters stay on the device), so plan with parameters "
-                "resident (tfswap.tf.ir.pin_parameters) or drop this swap")
         producer, index = split_tensor_name(swap.tensor)
+        if swap.kind != "round_trip" and (producer, index) not in host_values:
+            raise RewriteError(
+                f"swap {swap.id!r} is a {swap.kind} of {swap.tensor}, which is not a read of a "
+                "host-homed variable: a device variable stays on the device (create the model "
+                "and optimizer under tf.device(host) to keep parameters in host memory), so "
+                "plan with its value resident (tfswap.pin_parameters)")
+        if swap.kind in ("drop", "writeback"):
+            # The host copy is current: reads see the host variable, and its
+            # updates ran there.  The device copy is freed by TF after its last
+            # reader, which runs before ``out_after``.
+            if not _orders(nodes, swap.out_after):
+                raise RewriteError(f"swap {swap.id!r}: {swap.kind} after {swap.out_after!r}, "
+                                   "which is not an op of the step")
+            swap_out_name[swap.id] = swap.out_after
+            continue
         if producer not in nodes:
             raise RewriteError(f"swap {swap.id!r}: tensor {swap.tensor!r} has no producer in the graph")
         try:
@@ -261,21 +360,30 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         out_name = f"{SWAP_SCOPE}/swap_out_{k}"
         in_name = f"{SWAP_SCOPE}/swap_in_{k}"
         dtype_attr = attr_value_pb2.AttrValue(type=tensor.dtype.as_datatype_enum)
-        out_node = graph_def.node.add(name=out_name, op=SWAP_OUT_OP, device=swap_out_device)
-        out_node.input.append(_input_ref(*held[-1]))
-        if _orders(nodes, swap.out_after):
-            out_node.input.append("^" + swap.out_after)
-        out_node.attr["T"].CopyFrom(dtype_attr)
-        if tensor.shape.is_fully_defined():
-            out_node.attr["_output_shapes"].list.shape.add().CopyFrom(tensor.shape.as_proto())
+        shapes = attr_value_pb2.AttrValue()
+        shape = host_values[(producer, index)].shape if (producer, index) in host_values \
+            else tensor.shape
+        if shape.is_fully_defined():
+            shapes.list.shape.add().CopyFrom(shape.as_proto())
+        if swap.kind == "prefetch":   # from the host variable's read: no swap-out
+            source, out_name = _input_ref(producer, index), ""
+        else:
+            out_node = graph_def.node.add(name=out_name, op=SWAP_OUT_OP, device=swap_out_device)
+            out_node.input.append(_input_ref(*held[-1]))
+            if _orders(nodes, swap.out_after):
+                out_node.input.append("^" + swap.out_after)
+            out_node.attr["T"].CopyFrom(dtype_attr)
+            if shapes.list.shape:
+                out_node.attr["_output_shapes"].CopyFrom(shapes)
+            source = out_name
+            swap_out_name[swap.id] = out_name
         in_node = graph_def.node.add(name=in_name, op=SWAP_IN_OP, device=device)
-        in_node.input.append(out_name)
+        in_node.input.append(source)
         if _orders(nodes, swap.in_after):
             in_node.input.append("^" + swap.in_after)
         in_node.attr["T"].CopyFrom(dtype_attr)
-        if tensor.shape.is_fully_defined():
-            in_node.attr["_output_shapes"].CopyFrom(out_node.attr["_output_shapes"])
-        swap_out_name[swap.id] = out_name
+        if shapes.list.shape:
+            in_node.attr["_output_shapes"].CopyFrom(shapes)
         swap_in_node[swap.id] = in_node
         swap_nodes.append((k, SwapNodes(swap.id, swap.tensor, out_name, in_name)))
 
@@ -286,14 +394,18 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         came_back[(producer, index)] = swap.in_after
 
     for swap in plan.swaps:  # after the loop: a swap may wait for a later-listed one
-        swap_in_node[swap.id].input.extend("^" + swap_out_name[w] for w in swap.in_wait_for)
+        if swap.id in swap_in_node:
+            swap_in_node[swap.id].input.extend("^" + swap_out_name[w] for w in swap.in_wait_for)
         for op in swap.out_before:
-            if _orders(nodes, op):
+            if swap.id in swap_out_name and _orders(nodes, op) and op != swap_out_name[swap.id]:
                 nodes[op].input.append("^" + swap_out_name[swap.id])
 
     for node in graph_def.node:
         if not node.device:
             node.device = device
+    small = plan.allocation.small_threshold_bytes if plan.allocation is not None else 0
+    _fetch_small_host_reads(graph_def, nodes, host_values, device, small)
+    _check_host_reads(graph_def, nodes, host_values, device)
 
     # The schedule chain.  Source ops (no inputs: placeholders, constants)
     # cost nothing and are left free.
