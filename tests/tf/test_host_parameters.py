@@ -129,3 +129,10 @@ def test_a_prefetch_of_a_device_variable_is_refused(steps):
                                          consumers=(reader,), kind="prefetch"),))
     with pytest.raises(rewrite.RewriteError, match="not a read of a host-homed variable"):
         rewrite.rewrite(reference, plan, emulate.DEVICE, emulate.HOST)
+
+
+def test_a_host_variable_read_inside_a_loop_is_refused_at_capture():
+    step = zoo.lstm(batch=2, steps=3, features=4, units=8, layers=1, unroll=False,
+                    variables_on=emulate.HOST)
+    with pytest.raises(capture.CaptureError, match="function body"):
+        capture.capture(step.concrete_fn)

@@ -214,10 +214,18 @@ def _place_on_variables(graph_def, captures) -> None:
     for node in graph_def.node:
         for raw in node.input:
             source = raw.lstrip("^").partition(":")[0]
-            if not raw.startswith("^") and source in homes:
-                node.device = tf.DeviceSpec.from_string(homes[source]).replace(
-                    job=None, replica=None, task=None).to_string()
-                break
+            if raw.startswith("^") or source not in homes:
+                continue
+            if any(value.HasField("func") for value in node.attr.values()):
+                raise CaptureError(
+                    f"{node.op} {node.name!r} takes the host-homed variable {source!r} into a "
+                    "function body (a loop, branch or call), where tfswap cannot fetch its "
+                    "reads before use: TensorFlow would copy it in on every read, unplanned. "
+                    "Create that variable on the device (outside tf.device(host)), or "
+                    "unroll the loop.")
+            node.device = tf.DeviceSpec.from_string(homes[source]).replace(
+                job=None, replica=None, task=None).to_string()
+            break
 
 
 # Random ops whose stream is state inside the kernel instance (TensorFlow's

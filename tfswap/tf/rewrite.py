@@ -257,8 +257,8 @@ def _check_host_reads(graph_def, nodes: dict, host_values, device: str) -> None:
     for value, readers in _direct_host_reads(graph_def, nodes, host_values, device).items():
         raise RewriteError(
             f"op {readers[0].name!r} on the device reads {value[0]}, a host-homed variable's "
-            "value, without a swap-in: the plan must fetch every read of a host variable (a "
-            "While or If that holds it can not; keep that variable on the device)")
+            "value, without a swap-in: the plan must fetch every read of a host variable "
+            "(plan with tfswap.optimize, or add a prefetch swap for it)")
 
 
 def _placement(device: str) -> tuple[str, int]:
