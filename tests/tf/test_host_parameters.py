@@ -136,3 +136,38 @@ def test_a_host_variable_read_inside_a_loop_is_refused_at_capture():
                     variables_on=emulate.HOST)
     with pytest.raises(capture.CaptureError, match="function body"):
         capture.capture(step.concrete_fn)
+
+
+def test_keras_fit_with_the_callback_trains_a_host_homed_model_like_plain_fit():
+    import keras
+    import tensorflow as tf
+
+    def build(where):
+        with tf.device(where):
+            model = zoo.bert(batch=4).model
+            model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model.optimizer.build(model.trainable_variables)
+        return model
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 1024, (12, 64)).astype(np.int32)
+    y = rng.integers(0, 1024, (12, 64)).astype(np.int32)
+    plain, hosted = build(emulate.DEVICE), build(emulate.HOST)
+    hosted.set_weights(plain.get_weights())
+    first = capture.capture(tfswap.keras.step_function(plain, (x[:4], y[:4])))
+    peak = measure.measure(first, first.graph_def, [x[:4], y[:4]],
+                           inter_op_threads=1).peak_bytes
+    expected = plain.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0).history
+    callback = tfswap.keras.SwapCallback(memory_budget=int(0.3 * peak), generations=5,
+                                         seed=0, workers=1, verbose=0)
+    got = hosted.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
+                     callbacks=[callback]).history
+    np.testing.assert_allclose(got["loss"], expected["loss"], rtol=1e-5)
+    (fast,) = callback.functions.values()
+    assert fast.measured_peak_bytes <= int(0.3 * peak)
+    assert any(s.kind == "prefetch" for s in fast.plan.swaps)
+    worst, name = worst_relative_difference(plain.get_weights(), hosted.get_weights())
+    assert worst <= 1e-5, f"weight {name} differs by {worst:.3g} of its scale"
+    assert all(v.value.device.endswith(HOST_SUFFIX)
+               for v in hosted.weights + hosted.optimizer.variables)
