@@ -14,6 +14,14 @@ For each swap (SwapAdvisor §4.2, Fig. 3):
 * a tensor that leaves more than once leaves from its newest copy (the
   previous SwapIn's output), so each swap-out releases what is on the device.
 
+A host-homed variable's read (a ``ReadVariableOp`` on the host) is a
+parameter: a ``prefetch`` is a SwapIn of the read with no SwapOut; a
+``drop`` or ``writeback`` adds nothing (the host variable is current: its
+update ran on the host, and TF frees the device copy after its last reader);
+a swap-in waiting for one waits for its ``out_after`` op.  Every op on the
+device must read such a value through a SwapIn (tiny ones get one right after
+the read; shape-only readers move to the host), or the rewrite refuses.
+
 Consecutive ops of the schedule are chained with control edges so the
 executor runs them in the planned order.  The function never mutates its
 input.
