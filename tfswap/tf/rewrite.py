@@ -196,7 +196,7 @@ def _check_schedule(plan: Plan, nodes: dict) -> dict[str, int]:
     return position
 
 
-def host_homed_reads(captured: CapturedFunction, graph_def) -> set[tuple[str, int]]:
+def host_homed_reads(captured: CapturedFunction, graph_def) -> dict[tuple[str, int], tf.Variable]:
     """The values read from host-homed variables (ReadVariableOp outputs on the
     host) -> the variable read."""
     handles = {c.name.partition(":")[0]: c.variable for c in captured.captures if c.host_homed}
@@ -228,11 +228,12 @@ def _direct_host_reads(graph_def, nodes: dict, host_values, device: str) -> dict
     return found
 
 
-def _fetch_small_host_reads(graph_def, nodes: dict, host_values, device: str,
-                            small_bytes: int) -> None:
-    """Give each small host-homed value that device ops read directly one SwapIn,
-    right after the read: small tensors live in the plan's small pool and are
-    never planned (an iteration counter, a bias)."""
+def _fetch_unplanned_host_reads(graph_def, nodes: dict, host_values, device: str,
+                                small_bytes: int) -> None:
+    """The host-homed values the plan does not fetch: move their shape-only
+    readers to the host, and give each small one (an iteration counter, a
+    bias: small tensors live in the plan's small pool and are never planned)
+    that device ops read directly one SwapIn, right after the read."""
     direct = _direct_host_reads(graph_def, nodes, host_values, device)
     for k, value in enumerate(sorted(direct)):
         variable = host_values[value]
@@ -412,7 +413,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         if not node.device:
             node.device = device
     small = plan.allocation.small_threshold_bytes if plan.allocation is not None else 0
-    _fetch_small_host_reads(graph_def, nodes, host_values, device, small)
+    _fetch_unplanned_host_reads(graph_def, nodes, host_values, device, small)
     _check_host_reads(graph_def, nodes, host_values, device)
 
     # The schedule chain.  Source ops (no inputs: placeholders, constants)
