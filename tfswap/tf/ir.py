@@ -318,9 +318,11 @@ def _set_aliases(ops: list[Op], tensors: list[Tensor], profile: Profile | None,
 def _consistent_positions(ops: Sequence[Op], executed_order: Sequence[str]) -> dict[str, int]:
     """Each traced op's rank in the topological order nearest the traced one.
 
-    The trace's order is by start microsecond: a consumer can start in the
-    same microsecond as its producer and sort before it by name, and a
-    function body's node can share a name with a node outside.  Ranks taken
+    The trace's order is by start microsecond, and it is not always a
+    topological order: a ``While``'s node stats start before those of its
+    inputs' producers (measured: the LSTM loop's TensorListFromTensor), and a
+    consumer can start in its producer's microsecond and sort before it by
+    name (CI failure: "the graph has a cycle" in ``_reduce``).  Ranks taken
     from a topological order of ``ops`` (ties broken by traced position) agree
     with the trace wherever the trace agrees with the graph, and edges that
     follow them cannot close a cycle.  Ops the trace did not see get no rank.
