@@ -310,6 +310,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
         raise ValueError(f"small_tensor_bytes must be an int >= 0 (bytes), got "
                          f"{small_tensor_bytes!r}")
     threshold_given = small_tensor_bytes is not None
+    minimum_before = float("inf")   # the smallest budget at the default threshold, if tried
     started = time.perf_counter()
     prof = _profile(captured, profile, spec, inputs, device, seed)
     if small_tensor_bytes is not None:
@@ -372,7 +373,11 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
                     f"raise safety_margin. (Planner: {err})") from err
             if found is None and not threshold_given and small_tensor_bytes > SMALLEST_SMALL_BYTES:
                 # Tensors under the threshold share one small pool that nothing
-                # swaps; at a tight budget that pool is what does not fit.
+                # swaps; at a tight budget that pool is what does not fit.  (Or
+                # not: more tensors in size classes can also need more.  The
+                # budget named if both fail is the smaller of the two minimums.)
+                minimum_before = _minimum_budget(graph, spec, schedule, keep, outside,
+                                                 safety_margin, small_tensor_bytes)
                 stage = _Stage.lower(captured, prof, spec, SMALLEST_SMALL_BYTES)
                 lowered, graph, keep, schedule = (stage.lowered, stage.graph, stage.keep,
                                                   stage.schedule)
@@ -382,8 +387,8 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
                 planner_budget, outside = _planner_budget(budget, lowered, safety_margin)
                 continue
             if found is None:
-                minimum = _minimum_budget(graph, spec, schedule, keep, outside, safety_margin,
-                                          small_tensor_bytes)
+                minimum = min(minimum_before, _minimum_budget(
+                    graph, spec, schedule, keep, outside, safety_margin, small_tensor_bytes))
                 raise BudgetError(
                     f"memory_budget {memory_budget!r} ({budget} bytes) is below what this step "
                     f"needs at once: {_working_set_text(graph, schedule, keep, small_tensor_bytes)}"
