@@ -16,6 +16,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +29,6 @@ def _homed(builder):
     ``"/device:CPU:1"`` on the emulated device) where the model's and the
     optimizer's variables are created; None: TensorFlow's default placement.
     Variables in host memory are parameters tfswap swaps in before use."""
-    import contextlib
-    import functools
-
     @functools.wraps(builder)
     def build(*args, variables_on: str | None = None, **kwargs):
         import tensorflow as tf

@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -194,11 +195,21 @@ def _elsewhere(variable, device: str) -> bool:
     their parameters in host memory between steps (SwapAdvisor's parameter
     swapping); tfswap then swaps each read in before its use on the device.
     """
-    if variable is None:
-        return False
-    have = tf.DeviceSpec.from_string(variable.device)
-    want = tf.DeviceSpec.from_string(device)
-    return (have.device_type, have.device_index or 0) != (want.device_type, want.device_index or 0)
+    return variable is not None and not same_device(variable.device, device)
+
+
+@functools.lru_cache(maxsize=256)   # asked once per GraphDef node, of a few distinct names
+def same_device(a: str, b: str) -> bool:
+    """Whether two device names name one device (type and index; job, task ignored)."""
+    spec_a, spec_b = tf.DeviceSpec.from_string(a), tf.DeviceSpec.from_string(b)
+    return (spec_a.device_type, spec_a.device_index or 0) == \
+        (spec_b.device_type, spec_b.device_index or 0)
+
+
+def local_device(device: str) -> str:
+    """``device`` without job, replica and task, as a GraphDef node's device."""
+    return tf.DeviceSpec.from_string(device).replace(job=None, replica=None,
+                                                     task=None).to_string()
 
 
 def _place_on_variables(graph_def, captures) -> None:
@@ -223,8 +234,7 @@ def _place_on_variables(graph_def, captures) -> None:
                     "reads before use: TensorFlow would copy it in on every read, unplanned. "
                     "Create that variable on the device (outside tf.device(host)), or "
                     "unroll the loop.")
-            node.device = tf.DeviceSpec.from_string(homes[source]).replace(
-                job=None, replica=None, task=None).to_string()
+            node.device = local_device(homes[source])
             break
 
 

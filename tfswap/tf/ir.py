@@ -37,8 +37,6 @@ Example::
 
 from __future__ import annotations
 
-import heapq
-
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -315,7 +313,8 @@ def _set_aliases(ops: list[Op], tensors: list[Tensor], profile: Profile | None,
             else t for t in tensors]
 
 
-def _consistent_positions(ops: Sequence[Op], executed_order: Sequence[str]) -> dict[str, int]:
+def _consistent_positions(ops: list[Op], tensors: list[Tensor],
+                          executed_order: Sequence[str]) -> dict[str, int]:
     """Each traced op's rank in the topological order nearest the traced one.
 
     The trace's order is by start microsecond, and it is not always a
@@ -323,43 +322,14 @@ def _consistent_positions(ops: Sequence[Op], executed_order: Sequence[str]) -> d
     inputs' producers (measured: the LSTM loop's TensorListFromTensor), and a
     consumer can start in its producer's microsecond and sort before it by
     name (CI failure: "the graph has a cycle" in ``_reduce``).  Ranks taken
-    from a topological order of ``ops`` (ties broken by traced position) agree
-    with the trace wherever the trace agrees with the graph, and edges that
-    follow them cannot close a cycle.  Ops the trace did not see get no rank.
+    from a topological order of the graph that follows the trace agree with
+    it wherever it agrees with the graph, and edges that follow them cannot
+    close a cycle.  Ops the trace did not see get no rank.
     """
-    traced = {}
-    for k, name in enumerate(executed_order):
-        traced.setdefault(name, k)
-    index = {op.name: i for i, op in enumerate(ops)}
-    preds = [set() for _ in ops]
-    for i, op in enumerate(ops):
-        for name in op.inputs:
-            p = index.get(name.rpartition(":")[0])
-            if p is not None and p != i:
-                preds[i].add(p)
-        for name in op.control_inputs:
-            p = index.get(name)
-            if p is not None and p != i:
-                preds[i].add(p)
-    succ = [[] for _ in ops]
-    indeg = [len(p) for p in preds]
-    for i, ps in enumerate(preds):
-        for p in ps:
-            succ[p].append(i)
-    untraced = len(executed_order)
-    key = [(traced.get(op.name, untraced), i) for i, op in enumerate(ops)]
-    ready = [key[i] for i in range(len(ops)) if indeg[i] == 0]
-    heapq.heapify(ready)
-    rank = {}
-    while ready:
-        _, i = heapq.heappop(ready)
-        if ops[i].name in traced:
-            rank[ops[i].name] = len(rank)
-        for s in succ[i]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(ready, key[s])
-    return rank
+    traced = set(executed_order)
+    order = DataflowGraph.build(ops, tensors).order_following(list(executed_order))
+    names = [ops[i].name for i in order if ops[i].name in traced]
+    return {name: k for k, name in enumerate(names)}
 
 
 def _keep_traced_forwards(ops: list[Op], tensors: list[Tensor],
@@ -382,7 +352,7 @@ def _keep_traced_forwards(ops: list[Op], tensors: list[Tensor],
     it, get an edge, so the edges follow one topological order and cannot
     close a cycle.
     """
-    position = _consistent_positions(ops, executed_order)
+    position = _consistent_positions(ops, tensors, executed_order)
     by_name = {t.name: t for t in tensors}
     op_type = {op.name: op.type for op in ops}
     op_inputs = {op.name: op.inputs for op in ops}
@@ -532,16 +502,18 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
     # write.  A host-homed variable's reads are values on the host, each a
     # parameter buffer of its own that the plan swaps in (a read after an
     # update holds the new value, so it is not the earlier read's buffer).
-    on_device = {h: v for h, v in handle_of.items() if h not in set(captured.host_homed)}
+    host_homed = set(captured.host_homed)
+    on_device = {h: v for h, v in handle_of.items() if h not in host_homed}
     tensors = _set_aliases(ops, tensors, profile, on_device, keep=captured.fetches)
-    variables = [f"{op.name}:0" for op in ops
-                 if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in handle_of]
+    reads = {f"{op.name}:0": op.inputs[0] for op in ops
+             if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in handle_of}
+    variables = list(reads)
     writers = [op.name for op in ops if op.type not in VARIABLE_READERS
                and any(t in handle_of for t in op.inputs)]
     first_read = {}
-    for op in ops:
-        if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in on_device:
-            first_read.setdefault(op.inputs[0], f"{op.name}:0")
+    for value, handle in reads.items():
+        if handle in on_device:
+            first_read.setdefault(handle, value)
     updates, assigned = {}, []
     for op in ops:
         handles = [t for t in op.inputs if t in handle_of]
@@ -569,11 +541,9 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
     variable_bytes = sum(int(np.prod(c.variable.shape)) * c.variable.dtype.size
                          for c in captured.captures if c.variable is not None
                          and not c.host_homed)
-    device_reads = {f"{op.name}:0" for op in ops
-                    if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in on_device}
     return LoweredGraph(
         graph=graph, node_map=node_map, pruned=pruned, fetches=tuple(captured.fetches),
-        resident=tuple(v for v in variables if v in device_reads and
+        resident=tuple(v for v in variables if reads[v] in on_device and
                        node_map.get(v.rpartition(":")[0]) == v.rpartition(":")[0]),
         variable_bytes=variable_bytes,
         unprofiled=tuple(n for n in unprofiled if node_map.get(n) == n), profile=profile,

@@ -42,7 +42,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
 from tfswap import ops
 from tfswap.core.plan import Plan
-from tfswap.tf.capture import CapturedFunction
+from tfswap.tf.capture import CapturedFunction, local_device, same_device
 
 SWAP_OUT_OP = "SwapOut"
 SWAP_IN_OP = "SwapIn"
@@ -146,10 +146,6 @@ def _orders(nodes: dict, name: str) -> bool:
     return bool(name) and nodes[name].op != "Placeholder"
 
 
-def _device_kind(device: str) -> str:
-    return tf.DeviceSpec.from_string(device).device_type or ""
-
-
 def topological_order(graph_def) -> list[str]:
     """A topological order of the GraphDef's nodes (ties kept in GraphDef order).
 
@@ -207,8 +203,6 @@ def host_homed_reads(captured: CapturedFunction, graph_def) -> dict[tuple[str, i
 def _direct_host_reads(graph_def, nodes: dict, host_values, device: str) -> dict:
     """Host-homed value -> the ops on the device that read it (through views)
     other than by a SwapIn."""
-    here = _placement(device)
-
     def origin(ref):
         while ref[0] in nodes and nodes[ref[0]].op in VIEW_OPS and ref[1] == 0 \
                 and _data_inputs(nodes[ref[0]]):
@@ -219,7 +213,7 @@ def _direct_host_reads(graph_def, nodes: dict, host_values, device: str) -> dict
     if not host_values:
         return found
     for node in graph_def.node:
-        if node.op in VIEW_OPS or node.op == SWAP_IN_OP or _placement(node.device) != here:
+        if node.op in VIEW_OPS or node.op == SWAP_IN_OP or not same_device(node.device, device):
             continue
         for ref in _data_inputs(node):
             value = origin(ref)
@@ -239,8 +233,7 @@ def _fetch_unplanned_host_reads(graph_def, nodes: dict, host_values, device: str
         variable = host_values[value]
         for reader in direct[value]:
             if reader.op in SHAPE_OPS:   # needs the shape, not the bytes: ask the host
-                reader.device = tf.DeviceSpec.from_string(variable.device).replace(
-                    job=None, replica=None, task=None).to_string()
+                reader.device = local_device(variable.device)
         direct[value] = [r for r in direct[value] if r.op not in SHAPE_OPS]
         if not direct[value]:
             continue
@@ -268,11 +261,6 @@ def _check_host_reads(graph_def, nodes: dict, host_values, device: str) -> None:
             f"op {readers[0].name!r} on the device reads {value[0]}, a host-homed variable's "
             "value, without a swap-in: the plan must fetch every read of a host variable "
             "(plan with tfswap.optimize, or add a prefetch swap for it)")
-
-
-def _placement(device: str) -> tuple[str, int]:
-    spec = tf.DeviceSpec.from_string(device)
-    return (spec.device_type or "", spec.device_index or 0)
 
 
 def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> RewrittenGraph:
