@@ -26,6 +26,9 @@ Version 3 adds the kind "recompute" (Capuchin's recomputation, used by
 :mod:`tfswap.core.baselines`): the device copy is discarded after
 ``out_after`` and the tensor's producer runs again just before its first
 consumer; version-1 and -2 files still load.
+Version 4 adds ``Allocation.object_offsets``: a shared pool layout, where
+objects that are never in use at the same time may share memory
+(:mod:`tfswap.core.layout`); older files still load (disjoint layout).
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PLAN_FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+PLAN_FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
+# Pool objects start at multiples of this (tfswap/ops/pool_core.h kObjectAlignment).
+OBJECT_ALIGNMENT = 256
 SWAP_KINDS = ("round_trip", "prefetch", "writeback", "drop", "recompute")
 
 
@@ -130,20 +135,44 @@ class Allocation:
     ``small_pool_bytes`` and are never swapped.  :mod:`tfswap.core.allocation`
     builds these from the paper's TS/CLS/CNT encoding.
 
+    Layout: by default ("disjoint") every object has memory of its own, the
+    classes one after another, so the pool is ``sum(count x size)``.
+    ``object_offsets`` (one tuple per class, one offset per object, bytes
+    from the start of the arena, multiples of 256) gives a *shared* layout:
+    objects that the plan never holds at the same time may overlap, so the
+    pool is the arena's extent, usually far less than the sum.  Only a plan's
+    own simulation can say which objects may overlap; :mod:`tfswap.core.layout`
+    computes the offsets from it, and the allocator refuses (loudly) to hand
+    out an object whose memory another live object occupies.
+
     Example::
 
         Allocation(class_bytes=(1 << 20, 2 << 20), class_count=(8, 1))
         # 8 objects of 1 MiB and 1 of 2 MiB: 10 MiB of pool
+        Allocation(class_bytes=(1 << 20, 2 << 20), class_count=(2, 1),
+                   object_offsets=((0, 1 << 20), (0,)))
+        # the 2 MiB object reuses the 1 MiB objects' memory: 2 MiB of pool
     """
 
     class_bytes: tuple[int, ...]
     class_count: tuple[int, ...]
     small_pool_bytes: int = 0
     small_threshold_bytes: int = 1 << 20
+    object_offsets: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "class_bytes", tuple(int(b) for b in self.class_bytes))
         object.__setattr__(self, "class_count", tuple(int(c) for c in self.class_count))
+        object.__setattr__(self, "object_offsets",
+                           tuple(tuple(int(o) for o in c) for c in self.object_offsets))
+        if self.object_offsets:
+            if [len(c) for c in self.object_offsets] != list(self.class_count):
+                raise ValueError("allocation: object_offsets must give one offset per "
+                                 f"object of each class (counts {self.class_count}), got "
+                                 f"{[len(c) for c in self.object_offsets]}")
+            if any(o < 0 or o % OBJECT_ALIGNMENT for c in self.object_offsets for o in c):
+                raise ValueError(f"allocation: object offsets must be >= 0 and multiples of "
+                                 f"{OBJECT_ALIGNMENT} bytes")
         if len(self.class_bytes) != len(self.class_count):
             raise ValueError(f"allocation: {len(self.class_bytes)} class sizes but "
                              f"{len(self.class_count)} counts; give one count per class")
@@ -158,13 +187,26 @@ class Allocation:
                              "must be >= 0")
 
     @property
+    def shared(self) -> bool:
+        """True for a shared layout (objects placed by ``object_offsets``)."""
+        return bool(self.object_offsets)
+
+    @property
     def pool_bytes(self) -> int:
-        """Bytes the size classes take (objects x class size), small pool excluded."""
+        """Bytes the size classes take, small pool excluded: objects x class size
+        (disjoint layout), or the arena's extent (shared layout)."""
+        if self.shared:
+            return max((o + _aligned(b) for b, offs in zip(self.class_bytes, self.object_offsets)
+                        for o in offs), default=0)
         return sum(b * c for b, c in zip(self.class_bytes, self.class_count))
 
     @property
     def total_bytes(self) -> int:
         return self.pool_bytes + self.small_pool_bytes
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-int(nbytes) // OBJECT_ALIGNMENT) * OBJECT_ALIGNMENT
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,89 @@
+"""Shared pool layout (tfswap.core.layout): objects never busy together share memory."""
+
+import functools
+
+import pytest
+
+from tfswap.core import layout, search, simulator
+from tfswap.core.compiled import CompiledGraph
+from tfswap.core.plan import Allocation, Plan
+from tfswap.core.planner import plan_swaps
+from tfswap.core.search import SearchConfig
+from tfswap.core.synthetic import layered_training_step
+from tests.core.plan_checks import SPEC, budgets
+
+
+@functools.lru_cache(maxsize=None)
+def planned(fraction=0.5):
+    g = layered_training_step(160, seed=4)
+    cg = CompiledGraph.build(g)
+    budget, full = budgets(cg, cg.order_of(None), fraction)
+    plan = plan_swaps(g, budget, SPEC, compiled=cg)
+    result = simulator.simulate(g, plan, SPEC, events=True, compiled=cg)
+    return g, cg, budget, plan, result
+
+
+def test_shared_layout_is_smaller_and_no_busy_objects_overlap():
+    g, cg, budget, plan, result = planned()
+    shared = layout.shared_layout(result, plan.allocation)
+    assert shared.shared and not plan.allocation.shared
+    assert shared.class_bytes == plan.allocation.class_bytes
+    assert shared.class_count == result.class_peak_objects
+    assert shared.pool_bytes < plan.allocation.pool_bytes
+    assert layout.conflicts(result, shared) == []
+
+
+def test_the_shared_pool_runs_the_same_step():
+    g, cg, budget, plan, result = planned()
+    shared = layout.shared_layout(result, plan.allocation)
+    again = simulator.simulate(g, plan, SPEC, events=True, compiled=cg, allocation=shared)
+    assert again.step_time_s == result.step_time_s
+    assert again.allocation_events == result.allocation_events
+
+
+def test_the_checker_sees_objects_placed_on_top_of_each_other():
+    g, cg, budget, plan, result = planned()
+    shared = layout.shared_layout(result, plan.allocation)
+    stacked = Allocation(shared.class_bytes, shared.class_count, shared.small_pool_bytes,
+                         shared.small_threshold_bytes,
+                         object_offsets=tuple((0,) * n for n in shared.class_count))
+    assert layout.conflicts(result, stacked)
+
+
+def test_layout_needs_the_allocation_events():
+    g, cg, budget, plan, _ = planned()
+    bare = simulator.simulate(g, plan, SPEC, compiled=cg)
+    with pytest.raises(ValueError, match="events=True"):
+        layout.shared_layout(bare, plan.allocation)
+
+
+def test_object_offsets_are_validated_and_survive_json(tmp_path):
+    with pytest.raises(ValueError, match="one offset per object"):
+        Allocation((1 << 20,), (2,), object_offsets=((0,),))
+    with pytest.raises(ValueError, match="multiples of 256"):
+        Allocation((1 << 20,), (1,), object_offsets=((100,),))
+    a = Allocation((1 << 20, 2 << 20), (2, 1), object_offsets=((0, 1 << 20), (0,)))
+    assert a.pool_bytes == 2 << 20
+    p = Plan(schedule=("a",), allocation=a)
+    p.save(tmp_path / "p.json")
+    assert Plan.load(tmp_path / "p.json") == p
+
+
+def test_shared_search_fits_the_budget_and_is_no_slower_than_disjoint():
+    g, cg, budget, _, _ = planned(0.4)
+    cfg = dict(population_size=10, crossovers_per_generation=3, max_generations=5,
+               time_budget_s=None, workers=1, seed=1)
+    disjoint = search.plan(g, budget, SPEC, config=SearchConfig(**cfg), compiled=cg)
+    shared = search.plan(g, budget, SPEC, compiled=cg,
+                         config=SearchConfig(pool_layout="shared", **cfg))
+    a = shared.plan.allocation
+    assert a.shared and a.total_bytes <= budget and shared.plan.budget_bytes == budget
+    assert shared.plan.prediction.step_time_s <= disjoint.plan.prediction.step_time_s
+    result = simulator.simulate(g, shared.plan, SPEC, events=True, compiled=cg)
+    assert result.step_time_s == shared.plan.prediction.step_time_s
+    assert layout.conflicts(result, a) == []
+
+
+def test_pool_layout_is_validated():
+    with pytest.raises(ValueError, match="pool_layout"):
+        SearchConfig(pool_layout="packed")

@@ -1,0 +1,138 @@
+"""Shared pool layout: objects that are never in use together share memory.
+
+SwapAdvisor's pool (paper §4.1) gives every object of every size class memory
+of its own, so the pool needs the sum over classes of each class's most
+objects in use, although those maxima come at different times of the step
+(ResNet-50 at batch 256: 29.2 GB of objects for 22.1 GB of live bytes).  A
+plan fixes the step, so its simulation says when each object is in use; two
+objects whose busy times never intersect can take the same addresses.
+
+:func:`shared_layout` places the objects of a simulated plan in one arena:
+largest objects first, each at the lowest offset (a multiple of 256 bytes)
+where it overlaps in address only objects that are idle whenever it is busy
+(the greedy order Sekiyama et al. and TFLite's arena planner use for tensors;
+here it packs objects, so the allocator keeps SwapAdvisor's per-class
+semantics and needs no knowledge of tensors).  The allocation it returns
+has the same classes, as many objects as the simulation used, and
+``object_offsets``; simulating the plan with it gives the same step.
+
+Busy times are the simulation's allocation events, in their recorded order
+(a release at an instant precedes an allocation at the same instant).  At
+run time the allocator checks every object it hands out against the live
+objects that share its memory, so a run that strays from the plan fails
+loudly instead of corrupting memory (tfswap/ops/pool_core.h).
+
+Example::
+
+    from tfswap.core import layout, simulator
+    result = simulator.simulate(graph, plan, spec, events=True)
+    shared = layout.shared_layout(result, plan.allocation)
+    shared.pool_bytes <= plan.allocation.pool_bytes      # True
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from tfswap.core.plan import OBJECT_ALIGNMENT, Allocation
+
+
+def object_busy(result, allocation: Allocation) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """Each used object's busy intervals, ``[first, last)`` in event positions.
+
+    An object still held at the end of the step (a kept or resident buffer)
+    is busy to the end; the next step starts from the same state, so it is
+    held across the step boundary too.
+    """
+    if not result.allocation_events and any(result.class_peak_objects):
+        raise ValueError("shared_layout needs the allocation events: simulate with events=True")
+    n = len(result.allocation_events)
+    busy: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    opened: dict[tuple[int, int], int] = {}
+    for i, e in enumerate(result.allocation_events):
+        key = (e.size_class, e.object_index)
+        if e.is_alloc:
+            if key in opened:
+                raise ValueError(f"simulation allocates object {key} twice without a release")
+            opened[key] = i
+        else:
+            busy.setdefault(key, []).append((opened.pop(key), i))
+    for key, start in opened.items():
+        busy.setdefault(key, []).append((start, n))
+    return busy
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-int(nbytes) // OBJECT_ALIGNMENT) * OBJECT_ALIGNMENT
+
+
+def shared_layout(result, allocation: Allocation) -> Allocation:
+    """``allocation`` trimmed to the objects ``result`` used, placed so that objects
+    busy at the same time never overlap (see the module docstring).
+
+    ``result``: the plan's :class:`~tfswap.core.simulator.SimResult`, simulated
+    with ``events=True`` under ``allocation``.
+    """
+    busy = object_busy(result, allocation)
+    counts = list(result.class_peak_objects)
+    # The simulator takes objects from LIFO stacks filled in index order, so the
+    # objects a step uses are exactly 0 .. peak-1 of each class.
+    for (c, j) in busy:
+        if j >= counts[c]:
+            raise ValueError(f"object {j} of class {c} is used but the class peaked at "
+                             f"{counts[c]} objects; the result is not of this allocation")
+    objects = [(c, j) for c in range(len(counts)) for j in range(counts[c])]
+    # Busy sets as boolean rows over event positions, compressed to the
+    # positions where some object becomes busy: two sets of intervals
+    # intersect exactly when one is busy where the other starts.
+    starts = np.unique(np.array([s for iv in busy.values() for s, _ in iv] or [0], np.int64))
+    rows = np.zeros((len(objects), len(starts)), dtype=bool)
+    for r, key in enumerate(objects):
+        for s, e in busy.get(key, ()):
+            rows[r, np.searchsorted(starts, s):np.searchsorted(starts, e)] = True
+    order = sorted(range(len(objects)), key=lambda r: (
+        -allocation.class_bytes[objects[r][0]], objects[r]))
+    offsets = [[0] * c for c in counts]
+    placed = np.zeros(len(objects), dtype=bool)
+    lo = np.zeros(len(objects), np.int64)
+    hi = np.zeros(len(objects), np.int64)
+    packed_rows = np.packbits(rows, axis=1)
+    for r in order:
+        c, j = objects[r]
+        size = _aligned(allocation.class_bytes[c])
+        clash = placed & np.any(packed_rows & packed_rows[r], axis=1)
+        offset = 0
+        for a, b in sorted(zip(lo[clash].tolist(), hi[clash].tolist())):
+            if offset + size <= a:
+                break
+            offset = max(offset, b)
+        offsets[c][j] = offset
+        placed[r], lo[r], hi[r] = True, offset, offset + size
+    return replace(allocation, class_count=tuple(counts),
+                   object_offsets=tuple(tuple(o) for o in offsets))
+
+
+def conflicts(result, allocation: Allocation) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Pairs of objects that share memory in ``allocation`` and are busy at once in
+    ``result`` (a simulation with events): empty for a valid shared layout.
+
+    A plain interval check, independent of :func:`shared_layout`'s packing.
+    """
+    if not allocation.shared:
+        return []
+    busy = object_busy(result, allocation)
+    keys = sorted(busy)
+    out = []
+    for a_i, a in enumerate(keys):
+        a_lo = allocation.object_offsets[a[0]][a[1]]
+        a_hi = a_lo + _aligned(allocation.class_bytes[a[0]])
+        for b in keys[a_i + 1:]:
+            b_lo = allocation.object_offsets[b[0]][b[1]]
+            b_hi = b_lo + _aligned(allocation.class_bytes[b[0]])
+            if a_hi <= b_lo or b_hi <= a_lo:
+                continue
+            if any(s1 < e2 and s2 < e1 for s1, e1 in busy[a] for s2, e2 in busy[b]):
+                out.append((a, b))
+    return out
