@@ -30,7 +30,11 @@ from tfswap.core.search import SearchConfig
 from tfswap.core.search import plan as ga_plan
 
 TFSWAP = "tfswap"
-POLICIES = tuple(baselines.BASELINES) + (TFSWAP,)
+# The genetic search with the paper's pool (every object has memory of its own):
+# SwapAdvisor as published.  tfswap's own column lets objects share memory.
+SWAPADVISOR = "swapadvisor"
+POOL_LAYOUT = {SWAPADVISOR: "disjoint", TFSWAP: "shared"}
+POLICIES = tuple(baselines.BASELINES) + (SWAPADVISOR, TFSWAP)
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,9 @@ def compare(graph, keep, model: str, batch: int, budget_bytes: int, spec, *,
     """Every policy in ``policies`` on ``graph`` under ``budget_bytes`` (see module doc).
 
     ``memory``: how the baselines' fit is judged (:mod:`tfswap.core.baselines`);
-    tfswap's plans always fit their size-class pool in the budget.
+    the genetic search's plans always fit their size-class pool in the budget:
+    "swapadvisor" with the paper's disjoint pool, "tfswap" with a shared one
+    (:mod:`tfswap.core.layout`).
     """
     spec = device_spec(spec) if isinstance(spec, str) else spec
     cg = CompiledGraph.build(graph, keep=keep)
@@ -75,12 +81,14 @@ def compare(graph, keep, model: str, batch: int, budget_bytes: int, spec, *,
         t0 = time.monotonic()
         note = ""
         try:
-            if name == TFSWAP:
+            if name in POOL_LAYOUT:
                 res = ga_plan(graph, budget_bytes, spec, keep=keep, compiled=cg,
                               config=SearchConfig(max_generations=generations, time_budget_s=None,
-                                                  workers=workers, seed=seed))
+                                                  workers=workers, seed=seed,
+                                                  pool_layout=POOL_LAYOUT[name]))
                 p = res.plan
-                note = f"{generations} generations, {res.evaluations} simulations"
+                note = (f"{POOL_LAYOUT[name]} pool {p.allocation.total_bytes} B, "
+                        f"{res.generations} generations, {res.evaluations} simulations")
             else:
                 p = baselines.BASELINES[name](graph, budget_bytes, spec, keep=keep, compiled=cg,
                                               memory=memory)

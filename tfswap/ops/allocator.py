@@ -82,6 +82,11 @@ class AllocatorInstallError(RuntimeError):
 class PoolAllocation:
     """A plan's memory layout: size classes, object counts, small pool (bytes).
 
+    ``object_offsets``: empty for the disjoint layout, else each object's
+    offset in the arena, per class (the shared layout of
+    :class:`tfswap.core.plan.Allocation`; the pool then refuses to hand out an
+    object whose memory a live object holds).
+
     Example::
 
         PoolAllocation(class_bytes=(1 << 20, 4 << 20), class_count=(3, 2),
@@ -93,6 +98,7 @@ class PoolAllocation:
     small_pool_bytes: int
     plan_id: str
     small_threshold_bytes: int = DEFAULT_SMALL_THRESHOLD_BYTES
+    object_offsets: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "class_bytes", tuple(_as_int(b, "class_bytes")
@@ -120,6 +126,12 @@ class PoolAllocation:
                              f"small pool), got {self.small_threshold_bytes}")
         if not isinstance(self.plan_id, str):
             raise TypeError(f"plan_id must be a str, got {type(self.plan_id).__name__}")
+        object.__setattr__(self, "object_offsets", tuple(
+            tuple(_as_int(o, "object_offsets") for o in c) for c in self.object_offsets))
+        if self.object_offsets and [len(c) for c in self.object_offsets] != \
+                list(self.class_count):
+            raise ValueError("object_offsets must give one offset per object of each class "
+                             f"(counts {self.class_count})")
 
     @property
     def class_total_bytes(self) -> int:
@@ -199,7 +211,8 @@ def as_allocation(plan_or_allocation) -> PoolAllocation:
             return PoolAllocation(
                 class_bytes=tuple(inner.class_bytes), class_count=tuple(inner.class_count),
                 small_pool_bytes=inner.small_pool_bytes, plan_id=str(obj.id),
-                small_threshold_bytes=inner.small_threshold_bytes)
+                small_threshold_bytes=inner.small_threshold_bytes,
+                object_offsets=tuple(getattr(inner, "object_offsets", ())))
         return as_allocation(inner)
     fields = ("class_bytes", "class_count", "small_pool_bytes", "plan_id")
     if all(hasattr(obj, f) for f in fields):
@@ -207,7 +220,8 @@ def as_allocation(plan_or_allocation) -> PoolAllocation:
             class_bytes=tuple(obj.class_bytes), class_count=tuple(obj.class_count),
             small_pool_bytes=obj.small_pool_bytes, plan_id=obj.plan_id,
             small_threshold_bytes=getattr(obj, "small_threshold_bytes",
-                                          DEFAULT_SMALL_THRESHOLD_BYTES))
+                                          DEFAULT_SMALL_THRESHOLD_BYTES),
+            object_offsets=tuple(getattr(obj, "object_offsets", ())))
     raise TypeError(f"cannot read a pool allocation from {type(obj).__name__}: pass a "
                     "PoolAllocation (class_bytes, class_count, small_pool_bytes, plan_id) "
                     "or a plan that has one as .allocation")
@@ -362,10 +376,12 @@ _TOO_LATE = (
 def _install(alloc: PoolAllocation, device_index: int) -> None:
     lib = _clib()
     cb, cc = _class_arrays(alloc)
+    offsets = _offset_array(alloc)
     err = ctypes.create_string_buffer(_ERRLEN)
     rc = lib.tfswap_install_gpu_pool(len(alloc.class_bytes), _ptr(cb), _ptr(cc),
                                      alloc.small_pool_bytes, alloc.small_threshold_bytes,
-                                     alloc.plan_id.encode(), device_index, err, _ERRLEN)
+                                     alloc.plan_id.encode(), _ptr_or_null(offsets), device_index,
+                                     err, _ERRLEN)
     if rc == _RC_TOO_LATE:
         raise AllocatorInstallError(_TOO_LATE)
     if rc == _RC_TWICE:
@@ -389,13 +405,14 @@ def _clib():
             p, u64, i32, i64 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64
             cp, sz = ctypes.c_char_p, ctypes.c_size_t
             sig = {
-                "tfswap_pool_create": (ctypes.c_int, [i32, p, p, u64, u64, cp, p, cp, sz]),
+                "tfswap_pool_create": (ctypes.c_int, [i32, p, p, u64, u64, cp, p, p, cp, sz]),
                 "tfswap_pool_destroy": (None, [p]),
                 "tfswap_pool_replay": (ctypes.c_int, [p, i64, p, p, p, p, p, p, p, cp, sz]),
                 "tfswap_pool_stats": (i32, [p, p, p, p]),
                 "tfswap_pool_check": (ctypes.c_int, [p, cp, sz]),
                 "tfswap_pool_stress": (ctypes.c_int, [p, i32, i64, u64, p, cp, sz]),
-                "tfswap_install_gpu_pool": (ctypes.c_int, [i32, p, p, u64, u64, cp, i32, cp, sz]),
+                "tfswap_install_gpu_pool": (ctypes.c_int,
+                                            [i32, p, p, u64, u64, cp, p, i32, cp, sz]),
                 "tfswap_gpu_pool_stats": (ctypes.c_int, [p, p, p, p, cp, sz]),
                 "tfswap_tf_pool_selftest": (ctypes.c_int, [i32, p, p, u64, u64, cp, i32, p, p,
                                                            p, p, cp, sz]),
@@ -423,13 +440,26 @@ def _class_arrays(alloc: PoolAllocation):
             np.array(alloc.class_count, dtype=np.uint64))
 
 
+def _offset_array(alloc: PoolAllocation) -> np.ndarray | None:
+    """The shared layout's offsets, class after class; None for the disjoint layout."""
+    if not alloc.object_offsets:
+        return None
+    return np.array([o for c in alloc.object_offsets for o in c], dtype=np.uint64)
+
+
+def _ptr_or_null(a: np.ndarray | None):
+    return None if a is None else _ptr(a)
+
+
 def _create(lib, alloc: PoolAllocation):
     cb, cc = _class_arrays(alloc)
+    offsets = _offset_array(alloc)
     out = ctypes.c_void_p()
     err = ctypes.create_string_buffer(_ERRLEN)
     rc = lib.tfswap_pool_create(len(alloc.class_bytes), _ptr(cb), _ptr(cc),
                                 alloc.small_pool_bytes, alloc.small_threshold_bytes,
-                                alloc.plan_id.encode(), ctypes.byref(out), err, _ERRLEN)
+                                alloc.plan_id.encode(), _ptr_or_null(offsets), ctypes.byref(out),
+                                err, _ERRLEN)
     if rc != _RC_OK:
         raise ValueError(err.value.decode())
     return out

@@ -149,17 +149,6 @@ void SetError(char* err, size_t errlen, const std::string& msg) {
   err[n] = '\0';
 }
 
-PoolConfig MakeConfig(int32_t n, const uint64_t* class_bytes, const uint64_t* class_count,
-                      uint64_t small_pool_bytes, uint64_t small_threshold_bytes,
-                      const char* plan_id) {
-  PoolConfig cfg;
-  cfg.class_bytes.assign(class_bytes, class_bytes + n);
-  cfg.class_count.assign(class_count, class_count + n);
-  cfg.small_pool_bytes = small_pool_bytes;
-  cfg.small_threshold_bytes = small_threshold_bytes;
-  cfg.plan_id = plan_id != nullptr ? plan_id : "";
-  return cfg;
-}
 
 }  // namespace
 }  // namespace tfswap
@@ -174,14 +163,16 @@ int32_t tfswap_pool_stats(void* pool, uint64_t* totals, uint64_t* per_class,
 int tfswap_install_gpu_pool(int32_t n_classes, const uint64_t* class_bytes,
                             const uint64_t* class_count, uint64_t small_pool_bytes,
                             uint64_t small_threshold_bytes, const char* plan_id,
-                            int32_t device_index, char* err, size_t errlen) {
+                            const uint64_t* object_offsets, int32_t device_index, char* err,
+                            size_t errlen) {
   using tfswap::PoolGPUProcessState;
   if (n_classes < 0 || device_index < 0) {
     tfswap::SetError(err, errlen, "n_classes and device_index must be >= 0");
     return 2;
   }
-  tfswap::PoolConfig cfg = tfswap::MakeConfig(n_classes, class_bytes, class_count,
-                                              small_pool_bytes, small_threshold_bytes, plan_id);
+  tfswap::PoolConfig cfg = tfswap::MakePoolConfig(n_classes, class_bytes, class_count,
+                                              small_pool_bytes, small_threshold_bytes, plan_id,
+                                              object_offsets);
   std::string error;
   if (!tfswap::PoolCore::Validate(cfg, &error)) {
     tfswap::SetError(err, errlen, error);
@@ -246,8 +237,8 @@ int tfswap_tf_pool_selftest(int32_t n_classes, const uint64_t* class_bytes,
                             size_t errlen) {
   std::string error;
   auto core = tfswap::PoolCore::Create(
-      tfswap::MakeConfig(n_classes, class_bytes, class_count, small_pool_bytes,
-                         small_threshold_bytes, plan_id),
+      tfswap::MakePoolConfig(n_classes, class_bytes, class_count, small_pool_bytes,
+                         small_threshold_bytes, plan_id, nullptr),
       tfswap::NewHostMemorySource(), &error);
   if (core == nullptr) {
     tfswap::SetError(err, errlen, error);

@@ -29,7 +29,8 @@ int CodeOf(tfswap::AllocStatus s) {
     case tfswap::AllocStatus::kOk: return 0;
     case tfswap::AllocStatus::kClassExhausted:
     case tfswap::AllocStatus::kSmallPoolFull:
-    case tfswap::AllocStatus::kTooLarge: return 1;
+    case tfswap::AllocStatus::kTooLarge:
+    case tfswap::AllocStatus::kMemoryInUse: return 1;
     default: return 2;
   }
 }
@@ -40,18 +41,15 @@ extern "C" {
 
 int tfswap_pool_create(int32_t n_classes, const uint64_t* class_bytes,
                        const uint64_t* class_count, uint64_t small_pool_bytes,
-                       uint64_t small_threshold_bytes, const char* plan_id, void** out,
-                       char* err, size_t errlen) {
+                       uint64_t small_threshold_bytes, const char* plan_id,
+                       const uint64_t* object_offsets, void** out, char* err, size_t errlen) {
   if (n_classes < 0 || out == nullptr) {
     SetError(err, errlen, "bad arguments to tfswap_pool_create");
     return 2;
   }
-  tfswap::PoolConfig cfg;
-  cfg.class_bytes.assign(class_bytes, class_bytes + n_classes);
-  cfg.class_count.assign(class_count, class_count + n_classes);
-  cfg.small_pool_bytes = small_pool_bytes;
-  cfg.small_threshold_bytes = small_threshold_bytes;
-  cfg.plan_id = plan_id != nullptr ? plan_id : "";
+  tfswap::PoolConfig cfg =
+      tfswap::MakePoolConfig(n_classes, class_bytes, class_count, small_pool_bytes,
+                             small_threshold_bytes, plan_id, object_offsets);
   std::string error;
   auto pool = tfswap::PoolCore::Create(cfg, tfswap::NewHostMemorySource(), &error);
   if (pool == nullptr) {

@@ -13,6 +13,7 @@ namespace tfswap {
 namespace {
 
 constexpr int32_t kNoRegion = -2;
+constexpr int32_t kSharedRegion = -3;  // the objects of a shared layout
 // The page table stays below this many entries whatever the arena size; each
 // region is padded to a page, so the padding is at most (K + 1) pages, under
 // (K + 1) / 65536 of the arena.
@@ -36,6 +37,25 @@ class HostMemorySource : public MemorySource {
 };
 
 }  // namespace
+
+PoolConfig MakePoolConfig(int32_t n_classes, const uint64_t* class_bytes,
+                          const uint64_t* class_count, uint64_t small_pool_bytes,
+                          uint64_t small_threshold_bytes, const char* plan_id,
+                          const uint64_t* object_offsets) {
+  PoolConfig cfg;
+  cfg.class_bytes.assign(class_bytes, class_bytes + n_classes);
+  cfg.class_count.assign(class_count, class_count + n_classes);
+  if (object_offsets != nullptr) {
+    for (int32_t i = 0; i < n_classes; ++i) {
+      cfg.object_offsets.emplace_back(object_offsets, object_offsets + class_count[i]);
+      object_offsets += class_count[i];
+    }
+  }
+  cfg.small_pool_bytes = small_pool_bytes;
+  cfg.small_threshold_bytes = small_threshold_bytes;
+  cfg.plan_id = plan_id != nullptr ? plan_id : "";
+  return cfg;
+}
 
 std::unique_ptr<MemorySource> NewHostMemorySource() {
   return std::make_unique<HostMemorySource>();
@@ -75,6 +95,31 @@ bool PoolCore::Validate(const PoolConfig& config, std::string* error) {
       return false;
     }
   }
+  if (!config.object_offsets.empty()) {
+    if (config.object_offsets.size() != k) {
+      *error = "object_offsets has " + std::to_string(config.object_offsets.size()) +
+               " classes but class_bytes has " + std::to_string(k) +
+               "; give one offset list per class";
+      return false;
+    }
+    for (size_t i = 0; i < k; ++i) {
+      if (config.object_offsets[i].size() != config.class_count[i]) {
+        *error = "size class " + std::to_string(i) + " has " +
+                 std::to_string(config.class_count[i]) + " objects but " +
+                 std::to_string(config.object_offsets[i].size()) +
+                 " offsets; give one offset per object";
+        return false;
+      }
+      for (uint64_t o : config.object_offsets[i]) {
+        if (o % kObjectAlignment != 0) {
+          *error = "object offset " + std::to_string(o) + " of size class " +
+                   std::to_string(i) + " is not a multiple of " +
+                   std::to_string(kObjectAlignment) + " bytes";
+          return false;
+        }
+      }
+    }
+  }
   if (config.small_threshold_bytes == 0) {
     *error = "small_threshold_bytes must be > 0 (requests below it use the small pool)";
     return false;
@@ -98,9 +143,18 @@ std::unique_ptr<PoolCore> PoolCore::Create(const PoolConfig& config,
 bool PoolCore::Init(std::string* error) {
   const size_t k = config_.class_bytes.size();
   uint64_t unpadded = RoundUp(config_.small_pool_bytes, kSmallUnit);
+  uint64_t shared_extent = 0;
   for (size_t i = 0; i < k; ++i) {
-    unpadded += RoundUp(config_.class_bytes[i], kObjectAlignment) * config_.class_count[i];
+    const uint64_t stride = RoundUp(config_.class_bytes[i], kObjectAlignment);
+    if (shared()) {
+      for (uint64_t o : config_.object_offsets[i]) {
+        shared_extent = std::max(shared_extent, o + stride);
+      }
+    } else {
+      unpadded += stride * config_.class_count[i];
+    }
   }
+  unpadded += shared_extent;
   uint64_t page = 4096;
   while (unpadded / page >= kMaxPages) page <<= 1;
   page_shift_ = 0;
@@ -119,8 +173,13 @@ bool PoolCore::Init(std::string* error) {
     c.requested.assign(n, 0);
     c.stats.class_bytes = config_.class_bytes[i];
     c.stats.count = n;
-    offset = RoundUp(offset + c.stride * n, page);
+    c.object_offset.resize(n);
+    for (uint64_t j = 0; j < n; ++j) {
+      c.object_offset[j] = shared() ? config_.object_offsets[i][j] : c.offset + c.stride * j;
+    }
+    if (!shared()) offset = RoundUp(offset + c.stride * n, page);
   }
+  if (shared()) offset = RoundUp(shared_extent, page);
   small_offset_ = offset;
   small_units_ = config_.small_pool_bytes / kSmallUnit;  // never beyond the limit
   offset = RoundUp(offset + small_units_ * kSmallUnit, page);
@@ -136,7 +195,11 @@ bool PoolCore::Init(std::string* error) {
   unit_requested_.assign(small_units_, 0);
 
   page_region_.assign(arena_bytes_ >> page_shift_, kNoRegion);
-  for (size_t i = 0; i < k; ++i) {
+  if (shared()) {
+    for (uint64_t p = 0; (p << page_shift_) < shared_extent; ++p) page_region_[p] = kSharedRegion;
+    if (!InitShared(error)) return false;
+  }
+  for (size_t i = 0; i < k && !shared(); ++i) {
     const uint64_t end = classes_[i].offset + classes_[i].stride * classes_[i].stats.count;
     for (uint64_t p = classes_[i].offset >> page_shift_; (p << page_shift_) < end; ++p) {
       page_region_[p] = static_cast<int32_t>(i);
@@ -160,6 +223,49 @@ bool PoolCore::Init(std::string* error) {
     Poison(base_, arena_bytes_);
   }
   return true;
+}
+
+bool PoolCore::InitShared(std::string* error) {
+  // Objects sorted by offset; each overlaps the ones that start before it ends.
+  struct Span {
+    uint64_t lo, hi;
+    uint32_t id;
+  };
+  std::vector<Span> spans;
+  uint32_t id = 0;
+  for (ClassRegion& c : classes_) {
+    c.first_id = id;
+    for (uint64_t o : c.object_offset) spans.push_back({o, o + c.stride, id++});
+  }
+  if (id > UINT32_MAX / 2) {
+    *error = "a shared layout of more than 2^31 objects";
+    return false;
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.lo < b.lo || (a.lo == b.lo && a.id < b.id); });
+  overlaps_.assign(id, {});
+  object_live_.assign(id, 0);
+  for (size_t a = 0; a < spans.size(); ++a) {
+    for (size_t b = a + 1; b < spans.size() && spans[b].lo < spans[a].hi; ++b) {
+      overlaps_[spans[a].id].push_back(spans[b].id);
+      overlaps_[spans[b].id].push_back(spans[a].id);
+    }
+  }
+  return true;
+}
+
+int64_t PoolCore::PickSharedLocked(const ClassRegion& c) const {
+  for (int64_t i = static_cast<int64_t>(c.free_stack.size()) - 1; i >= 0; --i) {
+    bool covered = false;
+    for (uint32_t other : overlaps_[c.first_id + c.free_stack[i]]) {
+      if (object_live_[other]) {
+        covered = true;
+        break;
+      }
+    }
+    if (!covered) return i;
+  }
+  return -1;
 }
 
 std::string PoolCore::Describe() const {
@@ -220,8 +326,27 @@ AllocResult PoolCore::Allocate(size_t bytes, size_t alignment) {
               "allowed: re-plan, or give class " + std::to_string(i) + " more objects";
     return r;
   }
-  const uint32_t obj = c.free_stack.back();
-  c.free_stack.pop_back();
+  uint32_t obj;
+  if (shared()) {
+    const int64_t at = PickSharedLocked(c);
+    if (at < 0) {
+      r.status = AllocStatus::kMemoryInUse;
+      r.error = Describe() + ": size class " + std::to_string(i) + " (" +
+                std::to_string(sizes[i]) + " bytes) has " + std::to_string(c.free_stack.size()) +
+                " free objects for a request of " + std::to_string(bytes) +
+                " bytes, but the shared layout places each of them on memory that another "
+                "live object holds: the run does not follow the plan's order; re-plan, or "
+                "plan with pool_layout='disjoint'";
+      return r;
+    }
+    obj = c.free_stack[at];
+    c.free_stack.erase(c.free_stack.begin() + at);
+    object_live_[c.first_id + obj] = 1;
+    live_at_[c.object_offset[obj]] = {static_cast<int32_t>(i), obj};
+  } else {
+    obj = c.free_stack.back();
+    c.free_stack.pop_back();
+  }
   c.in_use[obj] = 1;
   c.requested[obj] = bytes;
   c.stats.in_use += 1;
@@ -232,7 +357,7 @@ AllocResult PoolCore::Allocate(size_t bytes, size_t alignment) {
   num_allocs_ += 1;
   largest_alloc_ = std::max<uint64_t>(largest_alloc_, bytes);
   r.object_index = obj;
-  r.ptr = base_ + c.offset + c.stride * obj;
+  r.ptr = base_ + c.object_offset[obj];
   Unpoison(r.ptr, bytes);
   return r;
 }
@@ -292,6 +417,26 @@ bool PoolCore::Free(void* ptr, std::string* error) {
   const uint64_t off = static_cast<uint64_t>(p - base_);
   std::lock_guard<std::mutex> lock(mu_);
   const int32_t region = page_region_[off >> page_shift_];
+  if (region == kSharedRegion) {
+    auto it = live_at_.find(off);
+    if (it == live_at_.end()) {
+      *error = Describe() + ": free of a pointer that is not a live object of the shared "
+               "layout (double free or foreign pointer)";
+      return false;
+    }
+    const int32_t cls = it->second.first;
+    const uint32_t obj = it->second.second;
+    ClassRegion& c = classes_[cls];
+    live_at_.erase(it);
+    object_live_[c.first_id + obj] = 0;
+    c.in_use[obj] = 0;
+    c.requested[obj] = 0;
+    c.free_stack.push_back(obj);
+    c.stats.in_use -= 1;
+    bytes_in_use_ -= config_.class_bytes[cls];
+    Poison(ptr, c.stride);
+    return true;
+  }
   if (region >= 0) {
     ClassRegion& c = classes_[region];
     const uint64_t rel = off - c.offset;
@@ -339,6 +484,16 @@ bool PoolCore::Lookup(const void* ptr, int32_t* class_index, int64_t* object_ind
   const uint64_t off = static_cast<uint64_t>(p - base_);
   std::lock_guard<std::mutex> lock(mu_);
   const int32_t region = page_region_[off >> page_shift_];
+  if (region == kSharedRegion) {
+    auto it = live_at_.find(off);
+    if (it == live_at_.end()) return false;
+    const ClassRegion& c = classes_[it->second.first];
+    *class_index = it->second.first;
+    *object_index = it->second.second;
+    *requested_bytes = c.requested[it->second.second];
+    *allocated_bytes = config_.class_bytes[it->second.first];
+    return true;
+  }
   if (region >= 0) {
     const ClassRegion& c = classes_[region];
     const uint64_t rel = off - c.offset;
@@ -406,6 +561,21 @@ bool PoolCore::CheckConsistency(std::string* error) const {
     }
     bytes += live * config_.class_bytes[i];
     allocs += c.stats.num_allocs;
+    for (uint64_t j = 0; j < c.stats.count && shared(); ++j) {
+      if (object_live_[c.first_id + j] != c.in_use[j]) {
+        *error = "class " + std::to_string(i) + ": object " + std::to_string(j) +
+                 " is live in one table and not the other";
+        return false;
+      }
+      if (!c.in_use[j]) continue;
+      for (uint32_t other : overlaps_[c.first_id + j]) {
+        if (object_live_[other]) {
+          *error = "class " + std::to_string(i) + ": object " + std::to_string(j) +
+                   " is live on memory another live object holds";
+          return false;
+        }
+      }
+    }
   }
   uint64_t small_live = 0, small_req = 0;
   std::vector<uint8_t> on_list(small_units_, 0);

@@ -15,6 +15,17 @@
 //    free pushes;
 //  * a request below small_threshold_bytes goes to the small sub-pool.
 //
+// Layouts.  Disjoint (the paper's): each class's objects lie one after
+// another, every object has memory of its own.  Shared (object_offsets given,
+// tfswap/core/layout.py): the plan places every object at an offset of its
+// own choosing, and objects the plan never holds at the same time may
+// overlap, so the arena is the layout's extent, not the sum of the objects.
+// An object is handed out only while no object overlapping it is in use: the
+// free stack is searched from the top for the first such object (the top
+// itself whenever the run follows the plan), and if every free object of the
+// class is covered the request fails with kMemoryInUse, naming the class --
+// never two live tensors in one place.
+//
 // Small sub-pool policy: size-segregated free lists.  A request is rounded up
 // to a power of two, at least kSmallUnit bytes; a bin's free list is a LIFO
 // stack of block offsets; a bin with an empty list carves a new block from a
@@ -41,6 +52,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace tfswap {
@@ -57,7 +70,17 @@ struct PoolConfig {
   uint64_t small_pool_bytes = 0;      // bytes reserved for the small sub-pool
   uint64_t small_threshold_bytes = 1 << 20;  // requests below go to it
   std::string plan_id;
+  // Shared layout: per class, per object, its offset in bytes from the arena
+  // base (multiples of kObjectAlignment).  Empty: the disjoint layout.
+  std::vector<std::vector<uint64_t>> object_offsets;
 };
+
+// A config from the flat arrays the C API takes.  object_offsets: nullptr (the
+// disjoint layout) or every class's object offsets, class after class.
+PoolConfig MakePoolConfig(int32_t n_classes, const uint64_t* class_bytes,
+                          const uint64_t* class_count, uint64_t small_pool_bytes,
+                          uint64_t small_threshold_bytes, const char* plan_id,
+                          const uint64_t* object_offsets);
 
 // Where the arena comes from: host memory in tests, the device's own allocator
 // on a GPU.  Reserve is called once, Release once with what Reserve returned.
@@ -79,6 +102,7 @@ enum class AllocStatus : int {
   kSmallPoolFull = 2,    // the small sub-pool has no room
   kTooLarge = 3,         // larger than the largest class
   kBadAlignment = 4,     // alignment above kObjectAlignment
+  kMemoryInUse = 5,      // shared layout: every free object overlaps a live one
 };
 
 constexpr int32_t kSmallPoolClass = -1;
@@ -150,8 +174,10 @@ class PoolCore {
 
  private:
   struct ClassRegion {
-    uint64_t offset = 0;  // from the arena base
+    uint64_t offset = 0;  // from the arena base (disjoint layout)
     uint64_t stride = 0;  // class_bytes rounded up to kObjectAlignment
+    std::vector<uint64_t> object_offset;  // each object's offset from the base
+    uint32_t first_id = 0;                // global id of object 0 (shared layout)
     std::vector<uint32_t> free_stack;  // LIFO; back() is the next object
     std::vector<uint8_t> in_use;
     std::vector<uint64_t> requested;
@@ -161,6 +187,10 @@ class PoolCore {
   PoolCore(const PoolConfig& config, std::unique_ptr<MemorySource> source);
   bool Init(std::string* error);
   AllocResult AllocateSmallLocked(size_t bytes);
+  bool InitShared(std::string* error);
+  // Shared layout: the index in c.free_stack of the object to hand out, or -1.
+  int64_t PickSharedLocked(const ClassRegion& c) const;
+  bool shared() const { return !config_.object_offsets.empty(); }
   std::string Describe() const;
   void Poison(void* p, size_t bytes) const;
   void Unpoison(void* p, size_t bytes) const;
@@ -184,6 +214,12 @@ class PoolCore {
   std::vector<uint8_t> unit_live_;
   std::vector<uint64_t> unit_requested_;
   SmallPoolStats small_stats_;
+  // Shared layout: per global object id, the ids of the objects it overlaps
+  // and whether it is in use; live objects by offset (unique while no two
+  // live objects overlap).
+  std::vector<std::vector<uint32_t>> overlaps_;
+  std::vector<uint8_t> object_live_;
+  std::unordered_map<uint64_t, std::pair<int32_t, uint32_t>> live_at_;
   uint64_t bytes_in_use_ = 0;
   uint64_t peak_bytes_in_use_ = 0;
   uint64_t num_allocs_ = 0;
