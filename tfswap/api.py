@@ -253,7 +253,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
              workers: int | None = None,
              executor=None, mode: str = "joint", inputs=None, safety_margin: float = 0.05,
              small_tensor_bytes: int | None = None, verify_rounds: int = 3,
-             progress: bool = False) -> OptimizedFunction:
+             pool_layout: str = "shared", progress: bool = False) -> OptimizedFunction:
     """Plan swaps for ``concrete_fn`` so it runs within ``memory_budget`` of device memory.
 
     ``memory_budget``: bytes (int), a string such as "12GiB", or a fraction
@@ -282,6 +282,10 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     never swapped (default: 1/1024 of the step's no-swap device peak, between
     4 KiB and 1 MiB, so that small models still have tensors worth moving;
     if no plan fits with it, 4 KiB).
+    ``pool_layout``: "shared" (pool objects never in use together share
+    memory, so fewer tensors move) or "disjoint" (every object has memory of
+    its own, SwapAdvisor's pool; needs more memory, but its allocator never
+    depends on the run following the plan's order).
     ``verify_rounds``: where the device's peak can be measured (the emulated
     device), the rewritten
     step is run once and, if it needs more than the budget, planned again
@@ -294,6 +298,8 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
 
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+    if pool_layout not in ga.POOL_LAYOUTS:
+        raise ValueError(f"pool_layout must be one of {ga.POOL_LAYOUTS}, got {pool_layout!r}")
     if not 0.0 <= safety_margin < 1.0:
         raise ValueError(f"safety_margin must be a fraction in [0, 1), got {safety_margin!r}")
     if not (isinstance(search_time, (int, float)) and search_time > 0):
@@ -346,7 +352,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     config = ga.SearchConfig(
         time_budget_s=None if generations is not None else float(search_time),
         max_generations=generations, seed=seed, workers=workers, executor=executor,
-        mode=mode, progress=progress)
+        mode=mode, progress=progress, pool_layout=pool_layout)
     verify = _measurable(device) and verify_rounds > 0
     feed = list(inputs) if inputs is not None else _sample_inputs(captured, seed)
     rounds = 1 + (verify_rounds if verify else 0)

@@ -114,7 +114,8 @@ def summary(plan: Plan, *, search=None, graph: DataflowGraph | None = None,
     if plan.allocation is not None:
         a = plan.allocation
         lines.append(f"  memory pool: {len(a.class_bytes)} size classes, "
-                     f"{sum(a.class_count)} objects, {human_bytes(a.pool_bytes)} + small-tensor "
+                     f"{sum(a.class_count)} objects, {human_bytes(a.pool_bytes)} "
+                     f"({'shared' if a.shared else 'disjoint'} layout) + small-tensor "
                      f"pool {human_bytes(a.small_pool_bytes)}")
     if search is not None:
         lines += _search_lines(search)
