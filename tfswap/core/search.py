@@ -105,7 +105,7 @@ class SearchConfig:
     mode: str = "joint"
     progress: bool = False
     pool_layout: str = "disjoint"
-    layout_rounds: int = 4
+    layout_rounds: int = 5
 
     def __post_init__(self):
         def positive_int(name, value, allow_none=False, minimum=1):
@@ -620,7 +620,7 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
         except ValueError:
             if best is None:
                 raise
-            hi = f
+            hi, fits, proposal = f, False, lo
         else:
             generations += res.generations
             evaluations += res.evaluations
@@ -628,7 +628,8 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
             sim = simulator.simulate(graph, res.plan, spec, events=True, compiled=cg)
             shared = layout.shared_layout(sim, res.plan.allocation)
             need = shared.total_bytes
-            if need <= budget_bytes:
+            fits = need <= budget_bytes
+            if fits:
                 lo = max(lo, f)
                 if best is None or res.plan.prediction.step_time_s < \
                         best[0].plan.prediction.step_time_s:
@@ -638,9 +639,15 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
             proposal = f * budget_bytes / need
         if best is None:
             break
-        if not lo < proposal < hi:
-            proposal = (lo + hi) / 2 if math.isfinite(hi) else lo * 1.25
-        if hi / lo < 1.02 or abs(proposal / f - 1) < 0.01:
+        if fits and abs(proposal / f - 1) < 0.01:
+            break          # this pool's arena fills the budget
+        if math.isfinite(hi):
+            # The arena grows faster than the pool near the budget: a secant step
+            # from above overshoots, so never step past the middle of the bracket.
+            proposal = min(proposal, (lo + hi) / 2) if proposal > lo else (lo + hi) / 2
+        elif not proposal > lo:
+            proposal = lo * 1.25
+        if hi / lo < 1.02:
             break
         f = proposal
     res, shared = best
