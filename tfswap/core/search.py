@@ -641,10 +641,12 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
             break
         if fits and abs(proposal / f - 1) < 0.01:
             break          # this pool's arena fills the budget
-        if math.isfinite(hi):
-            # The arena grows faster than the pool near the budget: a secant step
-            # from above overshoots, so never step past the middle of the bracket.
-            proposal = min(proposal, (lo + hi) / 2) if proposal > lo else (lo + hi) / 2
+        if not fits:
+            # From above, the secant step can land within a percent of the pool
+            # that did not fit: then step 3% down instead (not below the middle).
+            proposal = max((lo + hi) / 2, proposal if proposal < 0.99 * f else 0.97 * f)
+        elif math.isfinite(hi) and not lo < proposal < hi:
+            proposal = (lo + hi) / 2
         elif not proposal > lo:
             proposal = lo * 1.25
         if hi / lo < 1.02:
