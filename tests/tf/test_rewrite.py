@@ -6,6 +6,7 @@ views, must still be carried by the copy each reader reads (fuzz seed 1211:
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tfswap.api import _tensor_swaps
@@ -155,3 +156,40 @@ def test_an_int32_tensor_makes_a_round_trip_and_the_result_is_exact():
     expected = f(tf.constant(x)).numpy()
     got = runtime.bind(captured, rewritten.graph_def)(x)
     assert np.asarray(tf.nest.flatten(got)[0]) == expected
+
+
+def _one_swap_plan():
+    return Plan(schedule=("x", "MatMul/ReadVariableOp", "MatMul", "concat", "Tanh", "Reshape",
+                          "Sum_2", "Sum", "Sum_1", "add", "Identity"),
+                swaps=(Swap("MatMul:0", out_after="concat", in_after="Tanh",
+                            consumers=("Reshape",), bytes=128 * 64 * 4),))
+
+
+def test_an_emulated_link_is_set_on_every_swap_op_and_the_result_is_exact():
+    import time
+
+    _, captured = _step()
+    plain = rewrite.rewrite(captured, _one_swap_plan(), DEVICE, HOST)
+    assert all("link_bytes_per_s" not in n.attr for n in plain.graph_def.node
+               if n.op in ("SwapOut", "SwapIn"))
+    bw = 2e6   # 32 KiB each way: >= 16 ms a copy
+    slow = rewrite.rewrite(captured, _one_swap_plan(), DEVICE, HOST,
+                           emulated_link_bytes_per_s=bw)
+    swap_ops = [n for n in slow.graph_def.node if n.op in ("SwapOut", "SwapIn")]
+    assert len(swap_ops) == 2 and all(n.attr["link_bytes_per_s"].f == bw for n in swap_ops)
+    x = np.random.default_rng(1).standard_normal((128, 64)).astype(np.float32)
+    want = runtime.bind(captured, captured.graph_def)(x)["loss"].numpy()
+    run = runtime.bind(captured, slow.graph_def)
+    run(x)
+    start = time.perf_counter()
+    got = run(x)["loss"].numpy()
+    # the swap-in waits for the swap-out: both copies cross the link in turn
+    assert time.perf_counter() - start >= 2 * 128 * 64 * 4 / bw
+    assert got == want
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -5.0, float("inf"), float("nan"), True, "1e9", 1e300])
+def test_rewrite_refuses_a_bad_emulated_link(bad):
+    _, captured = _step()
+    with pytest.raises(ValueError, match="emulated_link_bytes_per_s"):
+        rewrite.rewrite(captured, _one_swap_plan(), DEVICE, HOST, emulated_link_bytes_per_s=bad)
