@@ -104,8 +104,11 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
     ``link``: the emulated link's bytes/s (None: plain memcpys)."""
     step = MODELS[name]()
     captured = capture.capture(step.concrete_fn)
+    # The budget's reference: the unmodified step's peak in TF's order at one
+    # executor thread (the order the planner starts from; with two threads and
+    # no schedule chain TF runs the LSTM in another order, at half the peak).
     base = measure.run_traced(captured, captured.graph_def, step.batch, runs=2,
-                              inter_op_threads=threads, untraced_runs=runs)
+                              inter_op_threads=1, untraced_runs=runs)
     base_peak = max(measure.transient_peak(md.step_stats) for md in base.metadata) \
         + base.variable_bytes
     prof = profiler.trace(captured, step.batch, runs=runs, calibrate=calibrate)
@@ -119,6 +122,12 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
     # reference runs measure.
     ideal = stage.unconstrained.prediction.step_time_s
     cg = CompiledGraph.build(stage.graph, stage.small, stage.keep)
+    # The paired reference run after each plan's runs: the unmodified step.  With
+    # more than one executor thread, the unmodified step chained in TF's order
+    # (the unconstrained plan, no swaps), so that it runs its ops one at a time
+    # like the simulated unmodified step ``ideal`` and the rewritten plans.
+    reference = captured.graph_def if threads == 1 else rewrite.rewrite(
+        captured, stage.unconstrained, emulate.DEVICE, emulate.HOST).graph_def
     draws = random_individuals(stage.graph, planner_budget, initial_schedule=stage.schedule,
                                keep=stage.keep, small_threshold_bytes=stage.small, seed=seed,
                                compiled=cg)
@@ -151,7 +160,7 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
         # (FULL_TRACE slows the kernels), alternating with them.
         traced = measure.run_traced(captured, rewritten.graph_def, step.batch, runs=2,
                                     inter_op_threads=threads, untraced_runs=runs,
-                                    reference_graph_def=captured.graph_def)
+                                    reference_graph_def=reference)
         ratio = float(np.median(np.array(traced.untraced_times_s)
                                 / np.array(traced.reference_times_s)))
         # Calibrated: the same plan, compute ops at the speed the unmodified
