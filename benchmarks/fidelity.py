@@ -29,7 +29,9 @@ also simulated by the model without either (three streams, no latency), the
 ``--link-bandwidth B`` runs on an emulated link of B bytes/s each way
 (``rewrite(..., emulated_link_bytes_per_s=B)``: each SwapOut/SwapIn completes
 when such a link would have moved its bytes, one FIFO link per direction,
-sleeping, not computing) and simulates with ``cpu_emulated(link_bytes_per_s=B)``;
+sleeping, not computing) and simulates with ``cpu_emulated(link_bytes_per_s=B)``
+(``--ordered-copies``: each direction's copies chained in the simulator's
+stream order, ``rewrite(..., ordered_copies=True)``);
 copies then have their own streams, no per-copy latency unless
 ``--copy-latency`` says so, and the executor gets 2 inter-op threads unless
 ``--inter-op-threads`` says otherwise (the compute ops are serialised by the
@@ -94,12 +96,12 @@ FIELDS = ("model", "individual", "draws", "swaps", "swap_out_bytes", "ideal_time
           "measured_ratio", "sim_ratio", "swap_kernel_traced_s", "copy_latency_s",
           "copies_on_compute", "sim_time_streams_s", "sim_ratio_streams", "copies",
           "copy_bytes", "link_bytes_per_s", "inter_op_threads", "calibration",
-          "sim_time_calibrated_s")
+          "sim_time_calibrated_s", "ordered_copies")
 
 
 def study(name: str, count: int, fraction: float, runs: int, threads: int, seed: int,
           calibrate: bool, copy_latency_s: float, copies_on_compute: bool,
-          link: float | None = None):
+          link: float | None = None, ordered: bool = False):
     """Rows (dicts of FIELDS) for ``count`` random individuals of model ``name``;
     ``link``: the emulated link's bytes/s (None: plain memcpys)."""
     step = MODELS[name]()
@@ -152,7 +154,8 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
         final = api._finish(plan, budget, captured, stage.lowered, outside)
         try:
             rewritten = rewrite.rewrite(captured, final, emulate.DEVICE, emulate.HOST,
-                                        emulated_link_bytes_per_s=link)
+                                        emulated_link_bytes_per_s=link,
+                                        ordered_copies=ordered)
         except rewrite.RewriteError as err:   # counted in "draws"; see RESULTS.md
             print(f"  {name}: rewrite refused a plan: {str(err)[:200]}", flush=True)
             continue
@@ -192,7 +195,7 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
             sim_ratio_streams=sim_streams / ideal,
             copies=sum(e.stream != "compute" for e in sim.events),
             copy_bytes=sim.h2d_bytes + sim.d2h_bytes, link_bytes_per_s=link or 0.0,
-            inter_op_threads=threads, calibration=calibration,
+            inter_op_threads=threads, calibration=calibration, ordered_copies=int(ordered),
             sim_time_calibrated_s=sim_calibrated))
         r = rows[-1]
         print(f"  {name} #{r['individual']:2d}: {r['swaps']:3d} swaps, sim "
@@ -289,6 +292,9 @@ def main():
     parser.add_argument("--link-bandwidth", type=float,
                         help="run on an emulated link of this many bytes/s each way and "
                              "simulate at that rate (copies on their own streams)")
+    parser.add_argument("--ordered-copies", action="store_true",
+                        help="rewrite with ordered_copies=True: each direction's copies "
+                             "chained in the simulator's stream order")
     parser.add_argument("--copy-streams", action="store_true",
                         help="copies on streams of their own, not on the compute stream")
     parser.add_argument("--latency-what-if", type=float,
@@ -323,7 +329,8 @@ def main():
     for name in args.models.split(","):
         t0 = time.perf_counter()
         rows += study(name, args.count, args.fraction, args.runs, threads,
-                      args.seed, not args.uncalibrated, latency, on_compute, link)
+                      args.seed, not args.uncalibrated, latency, on_compute, link,
+                      args.ordered_copies)
         print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
         with path.open("w", newline="") as f:   # after each model: a long run keeps its rows
             writer = csv.DictWriter(f, fieldnames=FIELDS)

@@ -193,3 +193,29 @@ def test_rewrite_refuses_a_bad_emulated_link(bad):
     _, captured = _step()
     with pytest.raises(ValueError, match="emulated_link_bytes_per_s"):
         rewrite.rewrite(captured, _one_swap_plan(), DEVICE, HOST, emulated_link_bytes_per_s=bad)
+
+
+def test_ordered_copies_chain_each_direction_in_stream_order():
+    """Two round trips: the later swap-out waits for the earlier one, the swap-in
+    whose first reader comes later waits for the other swap-in; results exact."""
+    _, captured = _step()
+    schedule = ("x", "MatMul/ReadVariableOp", "MatMul", "concat", "Tanh", "Reshape",
+                "Sum_2", "Sum", "Sum_1", "add", "Identity")
+    plan = Plan(schedule=schedule, swaps=(
+        Swap("Tanh:0", out_after="Tanh", in_after="Reshape", consumers=("Sum_2",),
+             bytes=128 * 128 * 4, id="late"),
+        Swap("MatMul:0", out_after="concat", in_after="Tanh", consumers=("Reshape",),
+             bytes=128 * 64 * 4, id="early")))
+    plain = rewrite.rewrite(captured, plan, DEVICE, HOST)
+    ordered = rewrite.rewrite(captured, plan, DEVICE, HOST, ordered_copies=True)
+    by_id = {s.swap_id: s for s in ordered.swaps}
+    nodes = {n.name: n for n in ordered.graph_def.node}
+    assert "^" + by_id["early"].swap_out in nodes[by_id["late"].swap_out].input
+    assert "^" + by_id["early"].swap_in in nodes[by_id["late"].swap_in].input
+    plain_nodes = {n.name: n for n in plain.graph_def.node}
+    assert "^" + by_id["early"].swap_in not in plain_nodes[by_id["late"].swap_in].input
+    x = np.random.default_rng(1).standard_normal((128, 64)).astype(np.float32)
+    want = runtime.bind(captured, captured.graph_def)(x)["loss"].numpy()
+    assert runtime.bind(captured, ordered.graph_def)(x)["loss"].numpy() == want
+    with pytest.raises(ValueError, match="ordered_copies"):
+        rewrite.rewrite(captured, plan, DEVICE, HOST, ordered_copies="yes")

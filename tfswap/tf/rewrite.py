@@ -279,7 +279,8 @@ def _check_link(value) -> float | None:
 
 
 def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
-            emulated_link_bytes_per_s: float | None = None) -> RewrittenGraph:
+            emulated_link_bytes_per_s: float | None = None,
+            ordered_copies: bool = False) -> RewrittenGraph:
     """Apply ``plan`` to the captured graph; see the module docstring.
 
     ``emulated_link_bytes_per_s``: on the emulated device (CPU kernels), every
@@ -288,8 +289,18 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
     direction; ``swap_ops.cc``), so copies cost what they would on a slower,
     GPU-like link and overlap the compute ops (run with 2 or more executor
     threads).  Plan with ``cpu_emulated(link_bytes_per_s=...)`` at the same
-    rate.  GPU kernels ignore it.  None (default): plain memcpys."""
+    rate.  GPU kernels ignore it.  None (default): plain memcpys.
+
+    ``ordered_copies``: chain the swap-outs with control edges in the order the
+    simulator's device-to-host stream runs them (by the position of the op they
+    follow), and the swap-ins in its host-to-device order (by their first
+    reader's position; ``tfswap.core.program``), so each direction moves one
+    copy at a time in the plan's order.  Off (default), the executor starts each
+    copy when its own dependencies are done, which on a busy link can overtake
+    a copy the plan put first."""
     link = _check_link(emulated_link_bytes_per_s)
+    if not isinstance(ordered_copies, bool):
+        raise ValueError(f"ordered_copies must be True or False, got {ordered_copies!r}")
     ops.load()  # the swap op types must be registered to import the result
     graph_def = graph_pb2.GraphDef()
     graph_def.CopyFrom(captured.graph_def)
@@ -313,6 +324,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
     swap_nodes = []
     swap_out_name = {}
     swap_in_node = {}
+    swap_out_node = {}
     # Device copies of each swapped tensor, oldest first: the original, then the
     # SwapIn of each round trip.  A tensor that leaves again leaves from its
     # newest copy; the original is gone after its first swap-out.
@@ -401,6 +413,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
                 out_node.attr["_output_shapes"].CopyFrom(shapes)
             source = out_name
             swap_out_name[swap.id] = out_name
+            swap_out_node[swap.id] = out_node
         in_node = graph_def.node.add(name=in_name, op=SWAP_IN_OP, device=device)
         in_node.input.append(source)
         if _orders(nodes, swap.in_after):
@@ -418,6 +431,17 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
                 _repoint(graph_def, nodes, nodes[consumer], copy, in_name, k)
         held.append((in_name, 0))
         came_back[(producer, index)] = swap.in_after
+
+    if ordered_copies:   # each direction's copies one after the other, in stream order
+        by_id = {sw.id: (k, sw) for k, sw in enumerate(plan.swaps)}
+        outs = sorted((position.get(sw.out_after, -1), k, sw_id)
+                      for sw_id, (k, sw) in by_id.items() if sw_id in swap_out_node)
+        ins = sorted((min(position.get(c, -1) for c in sw.consumers), k, sw_id)
+                     for sw_id, (k, sw) in by_id.items() if sw_id in swap_in_node)
+        for (_, _, before), (_, _, after) in zip(outs, outs[1:]):
+            swap_out_node[after].input.append("^" + swap_out_node[before].name)
+        for (_, _, before), (_, _, after) in zip(ins, ins[1:]):
+            swap_in_node[after].input.append("^" + swap_in_node[before].name)
 
     for swap in plan.swaps:  # after the loop: a swap may wait for a later-listed one
         if swap.id in swap_in_node:
