@@ -40,13 +40,22 @@ CPU here is 50-100x slower than a V100 at these models, so its memcpy link
 makes every copy nearly free; 100-300 MB/s gives a V100 + PCIe 3-like
 compute:copy ratio and plans whose simulated slowdowns differ.
 
+Bytes moved.  The planner plans buffer swaps and prices each copy at its
+buffer's bytes; the rewrite (``api._tensor_swaps``) copies the values the
+readers after the gap read: only the slices read of an Unpack's or Split's
+buffer, or each value a buffer held in turn when TF forwarded it in place.
+The "moved bytes" simulation (``simulator.simulate(..., copy_bytes=...)``,
+columns ``sim_time_moved_s``, ``copy_bytes_moved``) prices each copy at what
+the rewritten graph copies; memory stays the buffer's.  ``sim_time_s`` is the
+planner's own prediction (buffer bytes).
+
 Calibrated step time.  The profile's op times were scaled once, at profiling
 time, to the untraced step of that moment; the shared machine's speed drifts
 after that.  Each plan's runs are followed by runs of the unmodified graph in
 the same session (``reference_time_s``), so for each plan the "calibrated"
 simulation re-simulates the same plan with every compute op's time multiplied
 by c = measured unmodified step / simulated unmodified step (``calibration``
-column), the link's copy times unchanged (the emulated link sleeps: it does
+column) and the copies at the bytes moved, the link's copy times unchanged (the emulated link sleeps: it does
 not drift with the machine's speed).  The raw (uncalibrated) columns stay.
 Since c comes from a measurement next to the plan's own runs, the calibrated
 error measures the model of swapping (stalls, overlap, the executor's cost of
@@ -96,7 +105,8 @@ FIELDS = ("model", "individual", "draws", "swaps", "swap_out_bytes", "ideal_time
           "measured_ratio", "sim_ratio", "swap_kernel_traced_s", "copy_latency_s",
           "copies_on_compute", "sim_time_streams_s", "sim_ratio_streams", "copies",
           "copy_bytes", "link_bytes_per_s", "inter_op_threads", "calibration",
-          "sim_time_calibrated_s", "ordered_copies")
+          "sim_time_calibrated_s", "ordered_copies", "sim_time_moved_s", "sim_ratio_moved",
+          "copy_bytes_moved", "sim_time_calibrated_buffers_s", "sim_live_timed_peak_bytes")
 
 
 def study(name: str, count: int, fraction: float, runs: int, threads: int, seed: int,
@@ -149,6 +159,8 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
         sim = simulator.simulate(stage.graph, plan, spec, events=True, keep=stage.keep,
                                  compiled=cg)
         live = simulator.live_peak_bytes(sim, allocation.small_pool_bytes) + outside
+        # The small pool's buffers live when they are (not at their peak throughout).
+        live_timed = simulator.live_peak_bytes_timed(sim, cg, plan.schedule) + outside
         sim_streams = simulator.simulate(stage.graph, plan, streams, keep=stage.keep,
                                          compiled=cg).step_time_s
         final = api._finish(plan, budget, captured, stage.lowered, outside)
@@ -166,12 +178,24 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
                                     reference_graph_def=reference)
         ratio = float(np.median(np.array(traced.untraced_times_s)
                                 / np.array(traced.reference_times_s)))
+        # What the rewrite moves: the planner prices a swap at its buffer's bytes,
+        # the rewrite copies the values read after the gap (api._tensor_swaps):
+        # slices of an Unpack's buffer, or each value an in-place buffer held.
+        ids = {sw.id for sw in plan.swaps}
+        moved = {}
+        for part in final.swaps:
+            orig = part.id if part.id in ids else part.id.rsplit("|", 1)[0]
+            moved[orig] = moved.get(orig, 0) + stage.lowered.graph.tensor(part.tensor).nbytes
+        sim_moved = simulator.simulate(stage.graph, plan, spec, keep=stage.keep, compiled=cg,
+                                       copy_bytes=moved)
         # Calibrated: the same plan, compute ops at the speed the unmodified
         # step ran at next to this plan's runs; copies at the link's rate.
         calibration = float(np.median(traced.reference_times_s)) / ideal
         scaled = dataclasses.replace(cg, op_time=cg.op_time * calibration)
         sim_calibrated = simulator.simulate(stage.graph, plan, spec, keep=stage.keep,
-                                            compiled=scaled).step_time_s
+                                            compiled=scaled, copy_bytes=moved).step_time_s
+        sim_calibrated_buffers = simulator.simulate(stage.graph, plan, spec, keep=stage.keep,
+                                                    compiled=scaled).step_time_s
         peak = max(measure.transient_peak(md.step_stats) for md in traced.metadata)
         swap_nodes = {n for sw in rewritten.swaps for n in (sw.swap_out, sw.swap_in) if n}
         swap_kernel = float(np.median([sum(
@@ -196,12 +220,17 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
             copies=sum(e.stream != "compute" for e in sim.events),
             copy_bytes=sim.h2d_bytes + sim.d2h_bytes, link_bytes_per_s=link or 0.0,
             inter_op_threads=threads, calibration=calibration, ordered_copies=int(ordered),
-            sim_time_calibrated_s=sim_calibrated))
+            sim_time_calibrated_s=sim_calibrated, sim_time_moved_s=sim_moved.step_time_s,
+            sim_ratio_moved=sim_moved.step_time_s / ideal,
+            copy_bytes_moved=sim_moved.h2d_bytes + sim_moved.d2h_bytes,
+            sim_time_calibrated_buffers_s=sim_calibrated_buffers,
+            sim_live_timed_peak_bytes=live_timed))
         r = rows[-1]
         print(f"  {name} #{r['individual']:2d}: {r['swaps']:3d} swaps, sim "
               f"{r['sim_time_s'] * 1e3:8.2f} ms, measured {r['measured_time_s'] * 1e3:8.2f} ms"
               f" (x{ratio:.3f} of unmodified, sim x{r['sim_ratio']:.3f}; calibrated x{calibration:.2f}"
-              f" {sim_calibrated * 1e3:.2f} ms);"
+              f" {sim_calibrated * 1e3:.2f} ms; moved bytes {r['copy_bytes_moved']} of"
+              f" {r['copy_bytes']}, sim {r['sim_time_moved_s'] * 1e3:.2f} ms); live timed {live_timed};"
               f" peak sim live {live} pool {r['sim_pool_peak_bytes']} measured "
               f"{r['measured_peak_bytes']}", flush=True)
     return rows
@@ -222,8 +251,14 @@ def table(rows, streams: bool = False) -> str:
             "| median abs peak error (pool) | orders kept | pairs kept "
             "| median abs slowdown error (paired) | orders kept (paired) "
             "| pairs kept (paired) | median run spread |")
+    moved = not streams and all(r.get("sim_time_moved_s") not in (None, "") for r in rows)
     extra = (" median abs time error (calibrated) | max abs time error (calibrated) "
              "| orders kept (calibrated) | pairs kept (calibrated) |") if calibrated else ""
+    extra += (" median abs time error (moved bytes) | orders kept (moved bytes) "
+              "| median abs time error (calibrated, buffer bytes) "
+              "| orders kept (calibrated, buffer bytes) "
+              "| median abs peak error (live, small pool timed) "
+              "| max abs peak error (live, small pool timed) |") if moved else ""
     extra += " slowdown sim | slowdown measured |"
     lines = [head + extra, "|" + "---|" * ((head + extra).count("|") - 1)]
     for name in dict.fromkeys(r["model"] for r in rows):
@@ -254,6 +289,17 @@ def table(rows, streams: bool = False) -> str:
                                  [r["measured_time_s"] for r in mine])
             line += (f" {c['median_abs_error']:.1%} | {c['max_abs_error']:.1%} "
                      f"| {c['orders_kept']}/{c['n']} | {c['pairs_kept']}/{c['pairs']} |")
+        if moved:
+            m = fidelity.summary([r["sim_time_moved_s"] for r in mine],
+                                 [r["measured_time_s"] for r in mine])
+            b = fidelity.summary([r["sim_time_calibrated_buffers_s"] for r in mine],
+                                 [r["measured_time_s"] for r in mine])
+            timed = np.abs(fidelity.relative_errors(
+                [r["sim_live_timed_peak_bytes"] for r in mine],
+                [r["measured_peak_bytes"] for r in mine]))
+            line += (f" {m['median_abs_error']:.1%} | {m['orders_kept']}/{m['n']} "
+                     f"| {b['median_abs_error']:.1%} | {b['orders_kept']}/{b['n']} "
+                     f"| {np.median(timed):.1%} | {timed.max():.1%} |")
         sim_r = [r[ratio_key] for r in mine]
         got_r = [r["measured_ratio"] for r in mine]
         line += (f" {min(sim_r):.2f}-{max(sim_r):.2f} | {min(got_r):.2f}-{max(got_r):.2f} |")
