@@ -106,12 +106,13 @@ FIELDS = ("model", "individual", "draws", "swaps", "swap_out_bytes", "ideal_time
           "copies_on_compute", "sim_time_streams_s", "sim_ratio_streams", "copies",
           "copy_bytes", "link_bytes_per_s", "inter_op_threads", "calibration",
           "sim_time_calibrated_s", "ordered_copies", "sim_time_moved_s", "sim_ratio_moved",
-          "copy_bytes_moved", "sim_time_calibrated_buffers_s", "sim_live_timed_peak_bytes")
+          "copy_bytes_moved", "sim_time_calibrated_buffers_s", "sim_live_timed_peak_bytes",
+          "copies_rewritten", "link_latency_s", "sim_time_calibrated_latency_s")
 
 
 def study(name: str, count: int, fraction: float, runs: int, threads: int, seed: int,
           calibrate: bool, copy_latency_s: float, copies_on_compute: bool,
-          link: float | None = None, ordered: bool = False):
+          link: float | None = None, ordered: bool = False, link_latency_s: float = 0.0):
     """Rows (dicts of FIELDS) for ``count`` random individuals of model ``name``;
     ``link``: the emulated link's bytes/s (None: plain memcpys)."""
     step = MODELS[name]()
@@ -182,10 +183,11 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
         # the rewrite copies the values read after the gap (api._tensor_swaps):
         # slices of an Unpack's buffer, or each value an in-place buffer held.
         ids = {sw.id for sw in plan.swaps}
-        moved = {}
+        moved, parts = {}, {}
         for part in final.swaps:
             orig = part.id if part.id in ids else part.id.rsplit("|", 1)[0]
             moved[orig] = moved.get(orig, 0) + stage.lowered.graph.tensor(part.tensor).nbytes
+            parts[orig] = parts.get(orig, 0) + 1
         sim_moved = simulator.simulate(stage.graph, plan, spec, keep=stage.keep, compiled=cg,
                                        copy_bytes=moved)
         # Calibrated: the same plan, compute ops at the speed the unmodified
@@ -196,6 +198,14 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
                                             compiled=scaled, copy_bytes=moved).step_time_s
         sim_calibrated_buffers = simulator.simulate(stage.graph, plan, spec, keep=stage.keep,
                                                     compiled=scaled).step_time_s
+        # ... and each copy the rewritten graph makes paying the emulated link's
+        # measured per-copy cost (benchmarks/link_latency.py), if given.
+        sim_calibrated_latency = simulator.simulate(
+            stage.graph, plan, dataclasses.replace(spec, copy_latency_s=link_latency_s),
+            keep=stage.keep, compiled=scaled, copy_bytes=moved,
+            copy_parts=parts).step_time_s if link_latency_s else float("nan")
+        copies_rewritten = sum(bool(n) for sw in rewritten.swaps
+                               for n in (sw.swap_out, sw.swap_in))
         peak = max(measure.transient_peak(md.step_stats) for md in traced.metadata)
         swap_nodes = {n for sw in rewritten.swaps for n in (sw.swap_out, sw.swap_in) if n}
         swap_kernel = float(np.median([sum(
@@ -224,13 +234,17 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
             sim_ratio_moved=sim_moved.step_time_s / ideal,
             copy_bytes_moved=sim_moved.h2d_bytes + sim_moved.d2h_bytes,
             sim_time_calibrated_buffers_s=sim_calibrated_buffers,
-            sim_live_timed_peak_bytes=live_timed))
+            sim_live_timed_peak_bytes=live_timed, copies_rewritten=copies_rewritten,
+            link_latency_s=link_latency_s or 0.0,
+            sim_time_calibrated_latency_s=sim_calibrated_latency))
         r = rows[-1]
         print(f"  {name} #{r['individual']:2d}: {r['swaps']:3d} swaps, sim "
               f"{r['sim_time_s'] * 1e3:8.2f} ms, measured {r['measured_time_s'] * 1e3:8.2f} ms"
               f" (x{ratio:.3f} of unmodified, sim x{r['sim_ratio']:.3f}; calibrated x{calibration:.2f}"
               f" {sim_calibrated * 1e3:.2f} ms; moved bytes {r['copy_bytes_moved']} of"
-              f" {r['copy_bytes']}, sim {r['sim_time_moved_s'] * 1e3:.2f} ms); live timed {live_timed};"
+              f" {r['copy_bytes']}, sim {r['sim_time_moved_s'] * 1e3:.2f} ms; {copies_rewritten} copies,"
+              f" calibrated with latency {sim_calibrated_latency * 1e3:.2f} ms);"
+              f" live timed {live_timed};"
               f" peak sim live {live} pool {r['sim_pool_peak_bytes']} measured "
               f"{r['measured_peak_bytes']}", flush=True)
     return rows
@@ -259,6 +273,10 @@ def table(rows, streams: bool = False) -> str:
               "| orders kept (calibrated, buffer bytes) "
               "| median abs peak error (live, small pool timed) "
               "| max abs peak error (live, small pool timed) |") if moved else ""
+    latency = not streams and all(float(r.get("link_latency_s") or 0) > 0 for r in rows)
+    extra += (" median abs time error (calibrated, moved bytes, per-copy latency) "
+              "| max abs time error (same) | orders kept (same) | pairs kept (same) |") \
+        if latency else ""
     extra += " slowdown sim | slowdown measured |"
     lines = [head + extra, "|" + "---|" * ((head + extra).count("|") - 1)]
     for name in dict.fromkeys(r["model"] for r in rows):
@@ -300,6 +318,11 @@ def table(rows, streams: bool = False) -> str:
             line += (f" {m['median_abs_error']:.1%} | {m['orders_kept']}/{m['n']} "
                      f"| {b['median_abs_error']:.1%} | {b['orders_kept']}/{b['n']} "
                      f"| {np.median(timed):.1%} | {timed.max():.1%} |")
+        if latency:
+            q = fidelity.summary([r["sim_time_calibrated_latency_s"] for r in mine],
+                                 [r["measured_time_s"] for r in mine])
+            line += (f" {q['median_abs_error']:.1%} | {q['max_abs_error']:.1%} "
+                     f"| {q['orders_kept']}/{q['n']} | {q['pairs_kept']}/{q['pairs']} |")
         sim_r = [r[ratio_key] for r in mine]
         got_r = [r["measured_ratio"] for r in mine]
         line += (f" {min(sim_r):.2f}-{max(sim_r):.2f} | {min(got_r):.2f}-{max(got_r):.2f} |")
@@ -338,6 +361,10 @@ def main():
     parser.add_argument("--link-bandwidth", type=float,
                         help="run on an emulated link of this many bytes/s each way and "
                              "simulate at that rate (copies on their own streams)")
+    parser.add_argument("--link-latency", type=float, default=0.0,
+                        help="seconds each copy of the rewritten graph costs on the emulated "
+                             "link beyond its bytes (benchmarks/link_latency.py): one more "
+                             "calibrated column with it")
     parser.add_argument("--ordered-copies", action="store_true",
                         help="rewrite with ordered_copies=True: each direction's copies "
                              "chained in the simulator's stream order")
@@ -376,7 +403,7 @@ def main():
         t0 = time.perf_counter()
         rows += study(name, args.count, args.fraction, args.runs, threads,
                       args.seed, not args.uncalibrated, latency, on_compute, link,
-                      args.ordered_copies)
+                      args.ordered_copies, args.link_latency)
         print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
         with path.open("w", newline="") as f:   # after each model: a long run keeps its rows
             writer = csv.DictWriter(f, fieldnames=FIELDS)

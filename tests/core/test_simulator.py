@@ -161,6 +161,12 @@ def test_copy_bytes_prices_a_copy_at_what_it_moves_and_keeps_the_memory():
     assert (out.start_s, out.end_s, back.start_s, back.end_s) == (2.0, 2.5, 2.5, 3.0)
     assert half.d2h_bytes == half.h2d_bytes == MB // 2
     assert live_peak_bytes(half) == live_peak_bytes(whole)
+    # three copies each way (three values of the buffer), each paying the latency
+    slow = DeviceSpec(**{**LINK.__dict__, "copy_latency_s": 0.25})
+    parts = simulate(g, plan, slow, events=True, copy_bytes={swap.id: MB // 2},
+                     copy_parts={swap.id: 3})
+    out = next(e for e in parts.events if e.stream == "d2h")
+    assert (out.start_s, out.end_s) == (2.0, 3.25)
 
 
 def test_timed_live_peak_counts_small_buffers_only_while_they_live():

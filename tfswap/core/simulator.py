@@ -133,6 +133,9 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None):
     # Bytes each copy moves: its buffer's, unless ``moved`` says otherwise.
     out_moved = list(moved[0]) if moved else [bb[o.buf] for o in outs]
     in_moved = list(moved[1]) if moved else [bb[r.buf] for r in ins]
+    # Copies each record makes (each pays the latency): 1 unless ``moved`` says.
+    out_parts = list(moved[2]) if moved else [1] * len(outs)
+    in_parts = list(moved[3]) if moved else [1] * len(ins)
     pers, kept = cg.buf_persistent.tolist(), cg.buf_kept.tolist()
     # Each position's read and allocated buffers, as Python lists (indexed often).
     in_ptr, op_in = cg.op_in_ptr.tolist(), cg.op_in.tolist()
@@ -271,7 +274,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None):
             raise PlanError(f"swap-in of {cg.buf_names[r.buf]!r} while it is "
                             "still on the device")
         take(r.buf, t)
-        h_run, h_start, h_rem, h_lat = True, t, float(in_moved[hi]), lat
+        h_run, h_start, h_rem, h_lat = True, t, float(in_moved[hi]), lat * in_parts[hi]
         h2d_bytes += int(in_moved[hi])
         return True
 
@@ -280,7 +283,8 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None):
         if d_run or di >= len(d2h_list) or not op_done[outs[d2h_list[di]].out_after]:
             return False
         o = outs[d2h_list[di]]
-        d_run, d_start, d_rem, d_lat = True, t, float(out_moved[d2h_list[di]]), lat
+        d_run, d_start, d_rem, d_lat = (True, t, float(out_moved[d2h_list[di]]),
+                                        lat * out_parts[d2h_list[di]])
         d2h_bytes += int(out_moved[d2h_list[di]])
         return True
 
@@ -429,7 +433,8 @@ def live_peak_bytes_timed(result: SimResult, cg: CompiledGraph, schedule: Sequen
 def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool = False,
              keep: Sequence[str] = (), allocation: Allocation | None = None,
              compiled: CompiledGraph | None = None,
-             copy_bytes: dict[str, int] | None = None) -> SimResult:
+             copy_bytes: dict[str, int] | None = None,
+             copy_parts: dict[str, int] | None = None) -> SimResult:
     """Simulate ``plan`` on ``graph``.
 
     ``copy_bytes``: swap id -> bytes its copies move, where that is not the
@@ -437,8 +442,10 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
     values the readers after the gap read (``tfswap.api._tensor_swaps``): only
     the slices read of an Unpack's or Split's buffer, or each value a buffer
     held in turn when TF forwarded it in place.  Memory is still the buffer's.
-    Python simulator only (what fidelity studies use); the planner's native
-    simulator prices buffers.
+    ``copy_parts``: swap id -> how many copies the rewrite makes of it each way
+    (one per value moved), each paying the device's ``copy_latency_s``; 1
+    where not given.  Python simulator only (what fidelity studies use); the
+    planner's native simulator prices one copy of the buffer.
 
     The pool is ``plan.allocation`` (or ``allocation``).  A version-1 plan has
     neither an allocation nor resident parameters: it is simulated with every
@@ -457,19 +464,21 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
         allocation = default_allocation(cg, order, budget_bytes=np.iinfo(np.int64).max)
     prog = from_plan(cg, plan.schedule, plan.swaps, None if v1 else plan.resident_parameters)
     moved = None
-    if copy_bytes:
+    if copy_bytes or copy_parts:
+        copy_bytes, copy_parts = copy_bytes or {}, copy_parts or {}
         pos = {cg.graph.ops[o].name: k for k, o in enumerate(order)}
         tbuf = {t.name: int(cg.tensor_buffer[i]) for i, t in enumerate(cg.graph.tensors)}
+        bb = cg.buf_bytes
         out_b, in_b = {}, {}
         for sw in plan.swaps:
-            if sw.id not in copy_bytes:
-                continue
             b = tbuf[sw.tensor]
+            what = (int(copy_bytes.get(sw.id, bb[b])), int(copy_parts.get(sw.id, 1)))
             if sw.kind == "round_trip":
-                out_b[(b, pos[sw.out_after])] = int(copy_bytes[sw.id])
+                out_b[(b, pos[sw.out_after])] = what
             if sw.kind in ("round_trip", "prefetch"):
-                in_b[(b, min(pos[c] for c in sw.consumers))] = int(copy_bytes[sw.id])
-        bb = cg.buf_bytes
-        moved = ([out_b.get((o.buf, o.out_after), int(bb[o.buf])) for o in prog.outs],
-                 [in_b.get((r.buf, r.need), int(bb[r.buf])) for r in prog.ins])
+                in_b[(b, min(pos[c] for c in sw.consumers))] = what
+        outs_w = [out_b.get((o.buf, o.out_after), (int(bb[o.buf]), 1)) for o in prog.outs]
+        ins_w = [in_b.get((r.buf, r.need), (int(bb[r.buf]), 1)) for r in prog.ins]
+        moved = ([w[0] for w in outs_w], [w[0] for w in ins_w],
+                 [w[1] for w in outs_w], [w[1] for w in ins_w])
     return run_program(cg, prog, allocation, spec, events=events, moved=moved)
