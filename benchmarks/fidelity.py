@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/fidelity.py [--models cnn,bert,lstm] [--count 20]
         [--fraction 0.6] [--runs 5] [--inter-op-threads 1] [--out benchmarks/out]
         [--copy-latency 15e-6] [--copy-streams] [--link-bandwidth BYTES_PER_S]
+        [--link-latency SECONDS] [--ordered-copies] [--csv-name fidelity.csv]
 
 On the emulated device (CPU:0 plays the device, CPU:1 the host), for each
 model: measure the unmodified step's device peak, profile it with the trace
@@ -55,8 +56,18 @@ after that.  Each plan's runs are followed by runs of the unmodified graph in
 the same session (``reference_time_s``), so for each plan the "calibrated"
 simulation re-simulates the same plan with every compute op's time multiplied
 by c = measured unmodified step / simulated unmodified step (``calibration``
-column) and the copies at the bytes moved, the link's copy times unchanged (the emulated link sleeps: it does
-not drift with the machine's speed).  The raw (uncalibrated) columns stay.
+column) and the copies at the bytes moved, the link's copy times unchanged
+(the emulated link sleeps: it does not drift with the machine's speed);
+``sim_time_calibrated_buffers_s``: the same at the buffers' bytes.  With
+``--link-latency L`` (``benchmarks/link_latency.py`` measures it) one more
+calibrated simulation charges L per copy the rewritten graph makes
+(``sim_time_calibrated_latency_s``; ``copies_rewritten``).  The raw
+(uncalibrated) columns stay.
+
+Peaks: ``sim_live_peak_bytes`` adds the small-tensor pool's peak to the pool
+buffers' live peak; ``sim_live_timed_peak_bytes``
+(``simulator.live_peak_bytes_timed``) counts the small buffers live when they
+are, which is what TF's allocator holds (the unrolled LSTM: see RESULTS.md).
 Since c comes from a measurement next to the plan's own runs, the calibrated
 error measures the model of swapping (stalls, overlap, the executor's cost of
 the added ops), not the absolute compute speed, which no model here predicts.
