@@ -81,3 +81,18 @@ def test_specs_saved_before_the_copy_fields_still_load():
     old = json.loads(spec.to_json())
     del old["copy_latency_s"], old["copies_on_compute"]
     assert DeviceSpec.from_json(json.dumps(old)) == spec
+
+
+def test_cpu_emulated_prices_copies_at_the_emulated_link(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(devices, "measure_host_copy_bandwidth", lambda *a, **k: 7.0e9)
+    spec = devices.cpu_emulated(link_bytes_per_s=2e8)
+    assert spec.h2d_bytes_per_s == spec.d2h_bytes_per_s == 2e8
+    assert spec.duplex_bytes_per_s == 4e8    # one link per direction, independent
+    assert spec.copy_time_s(2 * 10**8, "h2d", duplex=True) == 1.0
+    assert spec.memory_bandwidth_bytes_per_s == 7.0e9
+    plain = devices.cpu_emulated()
+    assert plain.h2d_bytes_per_s == plain.duplex_bytes_per_s == 7.0e9
+    for bad in (0, -1.0, float("inf"), float("nan"), True, "2e8"):
+        with pytest.raises(ValueError, match="link_bytes_per_s"):
+            devices.cpu_emulated(link_bytes_per_s=bad)

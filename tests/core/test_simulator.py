@@ -145,3 +145,49 @@ def test_copies_on_the_compute_stream_run_between_ops():
     # Without the flag the same copies overlap c and cost nothing.
     free = simulate(g, plan, DeviceSpec(**{**spec.__dict__, "copies_on_compute": False}))
     assert free.step_time_s == 7.0
+
+
+def test_copy_bytes_prices_a_copy_at_what_it_moves_and_keeps_the_memory():
+    """The same round trip moving half its buffer (a slice read after the gap):
+    each copy takes 0.5 s instead of 1 s; the buffer still holds its MB."""
+    g = chain()
+    swap = Swap("a:0", out_after="b", in_after="b", consumers=("d",), bytes=MB)
+    plan = Plan(schedule=("a", "b", "c", "d"), swaps=(swap,), allocation=Allocation((MB,), (3,)))
+    whole = simulate(g, plan, LINK, events=True)
+    assert simulate(g, plan, LINK, events=True, copy_bytes={swap.id: MB}) == whole
+    half = simulate(g, plan, LINK, events=True, copy_bytes={swap.id: MB // 2})
+    out = next(e for e in half.events if e.stream == "d2h")
+    back = next(e for e in half.events if e.stream == "h2d")
+    assert (out.start_s, out.end_s, back.start_s, back.end_s) == (2.0, 2.5, 2.5, 3.0)
+    assert half.d2h_bytes == half.h2d_bytes == MB // 2
+    assert live_peak_bytes(half) == live_peak_bytes(whole)
+    # three copies each way (three values of the buffer), each paying the latency
+    slow = DeviceSpec(**{**LINK.__dict__, "copy_latency_s": 0.25})
+    parts = simulate(g, plan, slow, events=True, copy_bytes={swap.id: MB // 2},
+                     copy_parts={swap.id: 3})
+    out = next(e for e in parts.events if e.stream == "d2h")
+    assert (out.start_s, out.end_s) == (2.0, 3.25)
+
+
+def test_timed_live_peak_counts_small_buffers_only_while_they_live():
+    """Two 100-byte (small-pool) values, one live early and one late, beside 1 MB
+    pool buffers: the timed peak adds the small bytes live at the pool's peak,
+    never more than the small pool's peak added throughout."""
+    from tfswap.core.compiled import CompiledGraph
+    from tfswap.core.simulator import live_peak_bytes_timed
+
+    ops = [Op("s1", "X", time_s=1.0), Op("a", "X", ("s1:0",), time_s=1.0),
+           Op("b", "X", ("a:0",), time_s=1.0), Op("s2", "X", ("b:0",), time_s=1.0),
+           Op("c", "X", ("s2:0",), time_s=1.0)]
+    g = DataflowGraph.build(ops, [Tensor("s1:0", 100), Tensor("a:0", MB), Tensor("b:0", MB),
+                                  Tensor("s2:0", 100), Tensor("c:0", MB)])
+    plan = Plan(schedule=("s1", "a", "b", "s2", "c"),
+                allocation=Allocation((MB,), (3,), small_pool_bytes=100,
+                                      small_threshold_bytes=1000))
+    cg = CompiledGraph.build(g, 1000)
+    r = simulate(g, plan, LINK, events=True, compiled=cg)
+    assert live_peak_bytes(r, 100) == 2 * MB + 100
+    # a and b (2 MB) live at b's start, when s1 is dead and s2 not yet made
+    assert live_peak_bytes_timed(r, cg, plan.schedule) == 2 * MB
+    with pytest.raises(ValueError, match="events=True"):
+        live_peak_bytes_timed(simulate(g, plan, LINK, compiled=cg), cg, plan.schedule)

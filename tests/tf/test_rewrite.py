@@ -6,6 +6,7 @@ views, must still be carried by the copy each reader reads (fuzz seed 1211:
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tfswap.api import _tensor_swaps
@@ -155,3 +156,66 @@ def test_an_int32_tensor_makes_a_round_trip_and_the_result_is_exact():
     expected = f(tf.constant(x)).numpy()
     got = runtime.bind(captured, rewritten.graph_def)(x)
     assert np.asarray(tf.nest.flatten(got)[0]) == expected
+
+
+def _one_swap_plan():
+    return Plan(schedule=("x", "MatMul/ReadVariableOp", "MatMul", "concat", "Tanh", "Reshape",
+                          "Sum_2", "Sum", "Sum_1", "add", "Identity"),
+                swaps=(Swap("MatMul:0", out_after="concat", in_after="Tanh",
+                            consumers=("Reshape",), bytes=128 * 64 * 4),))
+
+
+def test_an_emulated_link_is_set_on_every_swap_op_and_the_result_is_exact():
+    import time
+
+    _, captured = _step()
+    plain = rewrite.rewrite(captured, _one_swap_plan(), DEVICE, HOST)
+    assert all("link_bytes_per_s" not in n.attr for n in plain.graph_def.node
+               if n.op in ("SwapOut", "SwapIn"))
+    bw = 2e6   # 32 KiB each way: >= 16 ms a copy
+    slow = rewrite.rewrite(captured, _one_swap_plan(), DEVICE, HOST,
+                           emulated_link_bytes_per_s=bw)
+    swap_ops = [n for n in slow.graph_def.node if n.op in ("SwapOut", "SwapIn")]
+    assert len(swap_ops) == 2 and all(n.attr["link_bytes_per_s"].f == bw for n in swap_ops)
+    x = np.random.default_rng(1).standard_normal((128, 64)).astype(np.float32)
+    want = runtime.bind(captured, captured.graph_def)(x)["loss"].numpy()
+    run = runtime.bind(captured, slow.graph_def)
+    run(x)
+    start = time.perf_counter()
+    got = run(x)["loss"].numpy()
+    # the swap-in waits for the swap-out: both copies cross the link in turn
+    assert time.perf_counter() - start >= 2 * 128 * 64 * 4 / bw
+    assert got == want
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -5.0, float("inf"), float("nan"), True, "1e9", 1e300])
+def test_rewrite_refuses_a_bad_emulated_link(bad):
+    _, captured = _step()
+    with pytest.raises(ValueError, match="emulated_link_bytes_per_s"):
+        rewrite.rewrite(captured, _one_swap_plan(), DEVICE, HOST, emulated_link_bytes_per_s=bad)
+
+
+def test_ordered_copies_chain_each_direction_in_stream_order():
+    """Two round trips: the later swap-out waits for the earlier one, the swap-in
+    whose first reader comes later waits for the other swap-in; results exact."""
+    _, captured = _step()
+    schedule = ("x", "MatMul/ReadVariableOp", "MatMul", "concat", "Tanh", "Reshape",
+                "Sum_2", "Sum", "Sum_1", "add", "Identity")
+    plan = Plan(schedule=schedule, swaps=(
+        Swap("Tanh:0", out_after="Tanh", in_after="Reshape", consumers=("Sum_2",),
+             bytes=128 * 128 * 4, id="late"),
+        Swap("MatMul:0", out_after="concat", in_after="Tanh", consumers=("Reshape",),
+             bytes=128 * 64 * 4, id="early")))
+    plain = rewrite.rewrite(captured, plan, DEVICE, HOST)
+    ordered = rewrite.rewrite(captured, plan, DEVICE, HOST, ordered_copies=True)
+    by_id = {s.swap_id: s for s in ordered.swaps}
+    nodes = {n.name: n for n in ordered.graph_def.node}
+    assert "^" + by_id["early"].swap_out in nodes[by_id["late"].swap_out].input
+    assert "^" + by_id["early"].swap_in in nodes[by_id["late"].swap_in].input
+    plain_nodes = {n.name: n for n in plain.graph_def.node}
+    assert "^" + by_id["early"].swap_in not in plain_nodes[by_id["late"].swap_in].input
+    x = np.random.default_rng(1).standard_normal((128, 64)).astype(np.float32)
+    want = runtime.bind(captured, captured.graph_def)(x)["loss"].numpy()
+    assert runtime.bind(captured, ordered.graph_def)(x)["loss"].numpy() == want
+    with pytest.raises(ValueError, match="ordered_copies"):
+        rewrite.rewrite(captured, plan, DEVICE, HOST, ordered_copies="yes")

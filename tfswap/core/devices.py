@@ -124,7 +124,8 @@ def measure_host_copy_bandwidth(nbytes: int = 64 << 20, repeats: int = 5) -> flo
 
 
 def cpu_emulated(memory_bytes: int = 8 * GiB, cache: bool = True, *,
-                 copy_latency_s: float = 0.0, copies_on_compute: bool = False) -> DeviceSpec:
+                 copy_latency_s: float = 0.0, copies_on_compute: bool = False,
+                 link_bytes_per_s: float | None = None) -> DeviceSpec:
     """The emulated device (CPU:0 as device, CPU:1 as host; swaps are memcpys).
 
     The memcpy bandwidth is measured once and cached in ``~/.cache/tfswap``
@@ -139,10 +140,23 @@ def cpu_emulated(memory_bytes: int = 8 * GiB, cache: bool = True, *,
     measures (5-20 us a copy on the machine in benchmarks/RESULTS.md, where the
     rewritten LSTM's swaps cost more: see "Simulator fidelity" there).
 
+    ``link_bytes_per_s``: the emulated link's bandwidth, for graphs rewritten
+    with ``rewrite(..., emulated_link_bytes_per_s=...)`` at the same rate (the
+    swap ops then complete when such a link would have moved their bytes, one
+    FIFO link per direction, independent of each other): each direction moves
+    that many bytes per second whether or not the other is busy (duplex = 2x).
+    None (default): the measured memcpy rate each way and in total.
+
     Example::
 
         spec = cpu_emulated(copy_latency_s=15e-6, copies_on_compute=True)
+        slow = cpu_emulated(link_bytes_per_s=200e6)   # a GPU-like compute:copy ratio
     """
+    if link_bytes_per_s is not None and (
+            isinstance(link_bytes_per_s, bool) or not isinstance(link_bytes_per_s, numbers.Real)
+            or not 0 < link_bytes_per_s < float("inf")):
+        raise ValueError(f"link_bytes_per_s must be None or a finite number of bytes per "
+                         f"second > 0, got {link_bytes_per_s!r}")
     path = _cache_dir() / "host_copy_bandwidth.json"
     bw = None
     if cache and path.exists():
@@ -155,10 +169,12 @@ def cpu_emulated(memory_bytes: int = 8 * GiB, cache: bool = True, *,
         if cache:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"bytes_per_s": bw}))
+    link = float(link_bytes_per_s) if link_bytes_per_s is not None else None
     return DeviceSpec(
         name="cpu-emulated", memory_bytes=memory_bytes, peak_flops=50e9,
-        memory_bandwidth_bytes_per_s=bw, h2d_bytes_per_s=bw, d2h_bytes_per_s=bw,
-        duplex_bytes_per_s=bw, launch_overhead_s=2e-6, copy_latency_s=copy_latency_s,
+        memory_bandwidth_bytes_per_s=bw, h2d_bytes_per_s=link or bw,
+        d2h_bytes_per_s=link or bw, duplex_bytes_per_s=2 * link if link else bw,
+        launch_overhead_s=2e-6, copy_latency_s=copy_latency_s,
         copies_on_compute=copies_on_compute)
 
 

@@ -102,10 +102,13 @@ class SimResult:
 
 
 def run_program(cg: CompiledGraph, prog: Program, allocation: Allocation, spec: DeviceSpec,
-                events: bool = False) -> SimResult:
-    """Simulate ``prog`` (the reference simulator; the native one follows it)."""
+                events: bool = False, moved: tuple | None = None) -> SimResult:
+    """Simulate ``prog`` (the reference simulator; the native one follows it).
+    ``moved``: (bytes of each ``prog.outs`` record, of each ``prog.ins`` record)
+    that the copies move, where they differ from their buffers' (see
+    :func:`simulate`'s ``copy_bytes``); None: the buffers' bytes."""
     buf_class = buffer_classes(cg, allocation).tolist()
-    core = _simulate(cg, prog, buf_class, allocation, spec, events)
+    core = _simulate(cg, prog, buf_class, allocation, spec, events, moved)
     return SimResult(ideal_time_s=ideal_time(cg, prog.order), **core)
 
 
@@ -121,12 +124,18 @@ def ideal_time(cg: CompiledGraph, order: Sequence[int]) -> float:
     return t
 
 
-def _simulate(cg, prog, buf_class, allocation, spec, record):
+def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None):
     order = prog.order
     n = len(order)
     times = [float(cg.op_time[o]) for o in order]
     outs, ins = prog.outs, prog.ins
     bb = cg.buf_bytes.tolist()
+    # Bytes each copy moves: its buffer's, unless ``moved`` says otherwise.
+    out_moved = list(moved[0]) if moved else [bb[o.buf] for o in outs]
+    in_moved = list(moved[1]) if moved else [bb[r.buf] for r in ins]
+    # Copies each record makes (each pays the latency): 1 unless ``moved`` says.
+    out_parts = list(moved[2]) if moved else [1] * len(outs)
+    in_parts = list(moved[3]) if moved else [1] * len(ins)
     pers, kept = cg.buf_persistent.tolist(), cg.buf_kept.tolist()
     # Each position's read and allocated buffers, as Python lists (indexed often).
     in_ptr, op_in = cg.op_in_ptr.tolist(), cg.op_in.tolist()
@@ -265,8 +274,8 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
             raise PlanError(f"swap-in of {cg.buf_names[r.buf]!r} while it is "
                             "still on the device")
         take(r.buf, t)
-        h_run, h_start, h_rem, h_lat = True, t, float(bb[r.buf]), lat
-        h2d_bytes += int(bb[r.buf])
+        h_run, h_start, h_rem, h_lat = True, t, float(in_moved[hi]), lat * in_parts[hi]
+        h2d_bytes += int(in_moved[hi])
         return True
 
     def start_out():
@@ -274,8 +283,9 @@ def _simulate(cg, prog, buf_class, allocation, spec, record):
         if d_run or di >= len(d2h_list) or not op_done[outs[d2h_list[di]].out_after]:
             return False
         o = outs[d2h_list[di]]
-        d_run, d_start, d_rem, d_lat = True, t, float(bb[o.buf]), lat
-        d2h_bytes += int(bb[o.buf])
+        d_run, d_start, d_rem, d_lat = (True, t, float(out_moved[d2h_list[di]]),
+                                        lat * out_parts[d2h_list[di]])
+        d2h_bytes += int(out_moved[d2h_list[di]])
         return True
 
     # With copies on the compute stream one item runs at a time, a ready
@@ -376,10 +386,66 @@ def live_peak_bytes(result: SimResult, small_pool_bytes: int = 0) -> int:
     return peak + int(small_pool_bytes)
 
 
+def live_peak_bytes_timed(result: SimResult, cg: CompiledGraph, schedule: Sequence[str]) -> int:
+    """Like :func:`live_peak_bytes`, with the small-tensor pool's buffers live
+    when they are, not at their peak throughout: a small buffer is live from
+    the start of the op that makes it to the end of its last reader (position
+    intervals, as :meth:`CompiledGraph.small_pool_peak` counts them; persistent
+    ones always), added to the pool buffers' live bytes at the same instant.
+    :func:`live_peak_bytes` adds the small pool's peak to the pool's, which is
+    what a reserved small pool holds (the pool allocator) but over-counts what
+    TF's allocator holds when the two peaks fall at different times (the
+    unrolled LSTM, whose 4 KiB states make 40% of its peak, by ~0.5 MB).
+    Needs a result simulated with ``events=True``."""
+    if not result.allocation_events:
+        raise ValueError("live_peak_bytes_timed needs the allocation events: simulate with "
+                         "events=True")
+    order = cg.order_of(schedule)
+    n = len(order)
+    pos = cg.positions(order)
+    delta = np.zeros(n + 1, dtype=np.int64)
+    for b in range(len(cg.small_bytes)):
+        uses = cg.small_use[cg.small_use_ptr[b]:cg.small_use_ptr[b + 1]]
+        if cg.small_persistent[b]:
+            lo, hi = 0, n - 1
+        else:
+            lo = int(pos[cg.small_first_op[b]])
+            hi = max([lo] + [int(pos[u]) for u in uses])
+        delta[lo] += cg.small_bytes[b]
+        delta[hi + 1] -= cg.small_bytes[b]
+    small_live = np.cumsum(delta)[:n]
+    # Op k runs from its compute event's start; position at time t: the last
+    # op started at or before t.
+    name_pos = {cg.graph.ops[int(o)].name: k for k, o in enumerate(order)}
+    starts = np.full(n, np.inf)
+    for e in result.events:
+        if e.stream == "compute" and e.name in name_pos:
+            starts[name_pos[e.name]] = min(starts[name_pos[e.name]], e.start_s)
+    starts = np.minimum.accumulate(starts[::-1])[::-1]   # monotone, for searchsorted
+    live = peak = 0
+    for e in result.allocation_events:   # time order, releases first
+        live += e.nbytes if e.is_alloc else -e.nbytes
+        k = max(0, int(np.searchsorted(starts, e.time_s, side="right")) - 1)
+        peak = max(peak, live + int(small_live[k]))
+    return int(max(peak, small_live.max(initial=0)))
+
+
 def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool = False,
              keep: Sequence[str] = (), allocation: Allocation | None = None,
-             compiled: CompiledGraph | None = None) -> SimResult:
+             compiled: CompiledGraph | None = None,
+             copy_bytes: dict[str, int] | None = None,
+             copy_parts: dict[str, int] | None = None) -> SimResult:
     """Simulate ``plan`` on ``graph``.
+
+    ``copy_bytes``: swap id -> bytes its copies move, where that is not the
+    swapped buffer's size.  The planner moves buffers, but the rewrite moves the
+    values the readers after the gap read (``tfswap.api._tensor_swaps``): only
+    the slices read of an Unpack's or Split's buffer, or each value a buffer
+    held in turn when TF forwarded it in place.  Memory is still the buffer's.
+    ``copy_parts``: swap id -> how many copies the rewrite makes of it each way
+    (one per value moved), each paying the device's ``copy_latency_s``; 1
+    where not given.  Python simulator only (what fidelity studies use); the
+    planner's native simulator prices one copy of the buffer.
 
     The pool is ``plan.allocation`` (or ``allocation``).  A version-1 plan has
     neither an allocation nor resident parameters: it is simulated with every
@@ -397,4 +463,22 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
     if allocation is None:
         allocation = default_allocation(cg, order, budget_bytes=np.iinfo(np.int64).max)
     prog = from_plan(cg, plan.schedule, plan.swaps, None if v1 else plan.resident_parameters)
-    return run_program(cg, prog, allocation, spec, events=events)
+    moved = None
+    if copy_bytes or copy_parts:
+        copy_bytes, copy_parts = copy_bytes or {}, copy_parts or {}
+        pos = {cg.graph.ops[o].name: k for k, o in enumerate(order)}
+        tbuf = {t.name: int(cg.tensor_buffer[i]) for i, t in enumerate(cg.graph.tensors)}
+        bb = cg.buf_bytes
+        out_b, in_b = {}, {}
+        for sw in plan.swaps:
+            b = tbuf[sw.tensor]
+            what = (int(copy_bytes.get(sw.id, bb[b])), int(copy_parts.get(sw.id, 1)))
+            if sw.kind == "round_trip":
+                out_b[(b, pos[sw.out_after])] = what
+            if sw.kind in ("round_trip", "prefetch"):
+                in_b[(b, min(pos[c] for c in sw.consumers))] = what
+        outs_w = [out_b.get((o.buf, o.out_after), (int(bb[o.buf]), 1)) for o in prog.outs]
+        ins_w = [in_b.get((r.buf, r.need), (int(bb[r.buf]), 1)) for r in prog.ins]
+        moved = ([w[0] for w in outs_w], [w[0] for w in ins_w],
+                 [w[1] for w in outs_w], [w[1] for w in ins_w])
+    return run_program(cg, prog, allocation, spec, events=events, moved=moved)

@@ -88,11 +88,16 @@ def library_path() -> Path:
     return _loaded_path
 
 
-def swap_out(tensor, name=None):
-    """Copy ``tensor`` to a new host buffer (stateful; never folded by Grappler)."""
-    return load().swap_out(tensor, name=name)
+def swap_out(tensor, name=None, link_bytes_per_s: float = 0.0):
+    """Copy ``tensor`` to a new host buffer (stateful; never folded by Grappler).
+
+    ``link_bytes_per_s`` > 0 (CPU kernel only, ignored on a GPU): the op completes
+    when an emulated device-to-host link of that bandwidth would have moved the
+    bytes (see ``swap_ops.cc``); 0: a plain memcpy."""
+    return load().swap_out(tensor, link_bytes_per_s=link_bytes_per_s, name=name)
 
 
-def swap_in(tensor, name=None):
-    """Copy a host tensor to a new device buffer (stateful)."""
-    return load().swap_in(tensor, name=name)
+def swap_in(tensor, name=None, link_bytes_per_s: float = 0.0):
+    """Copy a host tensor to a new device buffer (stateful); ``link_bytes_per_s``
+    as in :func:`swap_out`, for the host-to-device direction."""
+    return load().swap_in(tensor, link_bytes_per_s=link_bytes_per_s, name=name)

@@ -34,9 +34,11 @@ Example::
 
 from __future__ import annotations
 
+import numbers
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
@@ -223,7 +225,7 @@ def _direct_host_reads(graph_def, nodes: dict, host_values, device: str) -> dict
 
 
 def _fetch_unplanned_host_reads(graph_def, nodes: dict, host_values, device: str,
-                                small_bytes: int) -> None:
+                                small_bytes: int, link: float | None = None) -> None:
     """The host-homed values the plan does not fetch: move their shape-only
     readers to the host, and give each small one (an iteration counter, a
     bias: small tensors live in the plan's small pool and are never planned)
@@ -243,6 +245,8 @@ def _fetch_unplanned_host_reads(graph_def, nodes: dict, host_values, device: str
         node = graph_def.node.add(name=name, op=SWAP_IN_OP, device=device)
         node.input.append(_input_ref(*value))
         node.attr["T"].type = variable.dtype.as_datatype_enum
+        if link is not None:   # a copy over the emulated link too (the simulator has no
+            node.attr["link_bytes_per_s"].f = link   # small-pool copies: a few bytes)
         node.attr["_output_shapes"].list.shape.add().CopyFrom(variable.shape.as_proto())
         nodes[name] = node
         for reader in direct[value]:
@@ -263,8 +267,40 @@ def _check_host_reads(graph_def, nodes: dict, host_values, device: str) -> None:
             "(plan with tfswap.optimize, or add a prefetch swap for it)")
 
 
-def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> RewrittenGraph:
-    """Apply ``plan`` to the captured graph; see the module docstring."""
+def _check_link(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not 0 < value <= float(np.finfo(np.float32).max) \
+            or float(np.float32(value)) <= 0:   # the attr is a float32
+        raise ValueError(f"emulated_link_bytes_per_s must be None or a finite number of "
+                         f"bytes per second > 0, got {value!r}")
+    return float(value)
+
+
+def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
+            emulated_link_bytes_per_s: float | None = None,
+            ordered_copies: bool = False) -> RewrittenGraph:
+    """Apply ``plan`` to the captured graph; see the module docstring.
+
+    ``emulated_link_bytes_per_s``: on the emulated device (CPU kernels), every
+    SwapOut and SwapIn created here completes only when a link of that many
+    bytes per second each way would have moved its bytes (one FIFO link per
+    direction; ``swap_ops.cc``), so copies cost what they would on a slower,
+    GPU-like link and overlap the compute ops (run with 2 or more executor
+    threads).  Plan with ``cpu_emulated(link_bytes_per_s=...)`` at the same
+    rate.  GPU kernels ignore it.  None (default): plain memcpys.
+
+    ``ordered_copies``: chain the swap-outs with control edges in the order the
+    simulator's device-to-host stream runs them (by the position of the op they
+    follow), and the swap-ins in its host-to-device order (by their first
+    reader's position; ``tfswap.core.program``), so each direction moves one
+    copy at a time in the plan's order.  Off (default), the executor starts each
+    copy when its own dependencies are done, which on a busy link can overtake
+    a copy the plan put first."""
+    link = _check_link(emulated_link_bytes_per_s)
+    if not isinstance(ordered_copies, bool):
+        raise ValueError(f"ordered_copies must be True or False, got {ordered_copies!r}")
     ops.load()  # the swap op types must be registered to import the result
     graph_def = graph_pb2.GraphDef()
     graph_def.CopyFrom(captured.graph_def)
@@ -288,6 +324,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
     swap_nodes = []
     swap_out_name = {}
     swap_in_node = {}
+    swap_out_node = {}
     # Device copies of each swapped tensor, oldest first: the original, then the
     # SwapIn of each round trip.  A tensor that leaves again leaves from its
     # newest copy; the original is gone after its first swap-out.
@@ -370,15 +407,20 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
             if _orders(nodes, swap.out_after):
                 out_node.input.append("^" + swap.out_after)
             out_node.attr["T"].CopyFrom(dtype_attr)
+            if link is not None:
+                out_node.attr["link_bytes_per_s"].f = link
             if shapes.list.shape:
                 out_node.attr["_output_shapes"].CopyFrom(shapes)
             source = out_name
             swap_out_name[swap.id] = out_name
+            swap_out_node[swap.id] = out_node
         in_node = graph_def.node.add(name=in_name, op=SWAP_IN_OP, device=device)
         in_node.input.append(source)
         if _orders(nodes, swap.in_after):
             in_node.input.append("^" + swap.in_after)
         in_node.attr["T"].CopyFrom(dtype_attr)
+        if link is not None:
+            in_node.attr["link_bytes_per_s"].f = link
         if shapes.list.shape:
             in_node.attr["_output_shapes"].CopyFrom(shapes)
         swap_in_node[swap.id] = in_node
@@ -389,6 +431,17 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
                 _repoint(graph_def, nodes, nodes[consumer], copy, in_name, k)
         held.append((in_name, 0))
         came_back[(producer, index)] = swap.in_after
+
+    if ordered_copies:   # each direction's copies one after the other, in stream order
+        by_id = {sw.id: (k, sw) for k, sw in enumerate(plan.swaps)}
+        outs = sorted((position.get(sw.out_after, -1), k, sw_id)
+                      for sw_id, (k, sw) in by_id.items() if sw_id in swap_out_node)
+        ins = sorted((min(position.get(c, -1) for c in sw.consumers), k, sw_id)
+                     for sw_id, (k, sw) in by_id.items() if sw_id in swap_in_node)
+        for (_, _, before), (_, _, after) in zip(outs, outs[1:]):
+            swap_out_node[after].input.append("^" + swap_out_node[before].name)
+        for (_, _, before), (_, _, after) in zip(ins, ins[1:]):
+            swap_in_node[after].input.append("^" + swap_in_node[before].name)
 
     for swap in plan.swaps:  # after the loop: a swap may wait for a later-listed one
         if swap.id in swap_in_node:
@@ -401,7 +454,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str) -> R
         if not node.device:
             node.device = device
     small = plan.allocation.small_threshold_bytes if plan.allocation is not None else 0
-    _fetch_unplanned_host_reads(graph_def, nodes, host_values, device, small)
+    _fetch_unplanned_host_reads(graph_def, nodes, host_values, device, small, link)
     _check_host_reads(graph_def, nodes, host_values, device)
 
     # The schedule chain.  Source ops (no inputs: placeholders, constants)

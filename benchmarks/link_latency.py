@@ -1,0 +1,77 @@
+"""Per-copy cost of the emulated link beyond its bytes (for the simulator's copy_latency_s).
+
+    .venv/bin/python benchmarks/link_latency.py [--bandwidth 200e6] [--bytes 16384 65536]
+        [--copies 200] [--threads 2] [--repeats 7]
+
+A chain of ``--copies`` dependent copies (swap-out, swap-in, swap-out, ...: each
+copy reads the previous one's output, so nothing overlaps and the link is never
+idle by the plan's choice) of one tensor of ``--bytes`` on the emulated device,
+run in a ``tf.compat.v1.Session`` with ``--threads`` inter-op threads as
+``tfswap.tf.measure`` runs the fidelity study.  The chain's step time less
+copies * bytes / bandwidth, over the copies, is what one copy costs beyond its
+bytes: the executor's dispatch of the op, the timer thread's wake-up and the
+hand-back to the executor.  Median of ``--repeats`` runs after a warm-up.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tfswap.tf import emulate  # noqa: E402
+
+emulate.setup()
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tfswap import ops  # noqa: E402
+
+
+def chain_time(nbytes: int, copies: int, bw: float, threads: int, repeats: int) -> float:
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.device(emulate.DEVICE):
+            x = tf.compat.v1.placeholder(tf.float32, [nbytes // 4])
+            t = x
+            for k in range(copies):
+                f = ops.swap_out if k % 2 == 0 else ops.swap_in
+                t = f(t, link_bytes_per_s=bw)
+            out = tf.reduce_sum(t)
+    cfg = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads,
+                                   use_per_session_threads=True)
+    cfg.device_count["CPU"] = 2
+    feed = {x: np.ones(nbytes // 4, np.float32)}
+    with tf.compat.v1.Session(graph=graph, config=cfg) as sess:
+        sess.run(out, feed)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            sess.run(out, feed)
+            times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bandwidth", type=float, default=200e6)
+    parser.add_argument("--bytes", type=int, nargs="+", default=[4096, 16384, 65536, 262144])
+    parser.add_argument("--copies", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    ops.load()
+    print("| bytes | copies | chain (ms) | bytes / bandwidth (ms) | per copy beyond its bytes (us) |")
+    print("|---|---|---|---|---|")
+    for nbytes in args.bytes:
+        t = chain_time(nbytes, args.copies, args.bandwidth, args.threads, args.repeats)
+        ideal = args.copies * nbytes / args.bandwidth
+        print(f"| {nbytes} | {args.copies} | {t * 1e3:.2f} | {ideal * 1e3:.2f} "
+              f"| {(t - ideal) / args.copies * 1e6:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
