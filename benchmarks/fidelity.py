@@ -261,6 +261,12 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
     return rows
 
 
+
+def _time_columns(c) -> str:
+    """Median and max abs time error, orders and pairs kept, as table cells."""
+    return (f" {c['median_abs_error']:.1%} | {c['max_abs_error']:.1%} "
+            f"| {c['orders_kept']}/{c['n']} | {c['pairs_kept']}/{c['pairs']} |")
+
 def table(rows, streams: bool = False) -> str:
     """The per-model Markdown table; ``streams``: of the simulation without
     copy latency, copies on their own streams (the "streams" columns).  Rows
@@ -316,8 +322,7 @@ def table(rows, streams: bool = False) -> str:
         if calibrated:
             c = fidelity.summary([r["sim_time_calibrated_s"] for r in mine],
                                  [r["measured_time_s"] for r in mine])
-            line += (f" {c['median_abs_error']:.1%} | {c['max_abs_error']:.1%} "
-                     f"| {c['orders_kept']}/{c['n']} | {c['pairs_kept']}/{c['pairs']} |")
+            line += _time_columns(c)
         if moved:
             m = fidelity.summary([r["sim_time_moved_s"] for r in mine],
                                  [r["measured_time_s"] for r in mine])
@@ -332,8 +337,7 @@ def table(rows, streams: bool = False) -> str:
         if latency:
             q = fidelity.summary([r["sim_time_calibrated_latency_s"] for r in mine],
                                  [r["measured_time_s"] for r in mine])
-            line += (f" {q['median_abs_error']:.1%} | {q['max_abs_error']:.1%} "
-                     f"| {q['orders_kept']}/{q['n']} | {q['pairs_kept']}/{q['pairs']} |")
+            line += _time_columns(q)
         sim_r = [r[ratio_key] for r in mine]
         got_r = [r["measured_ratio"] for r in mine]
         line += (f" {min(sim_r):.2f}-{max(sim_r):.2f} | {min(got_r):.2f}-{max(got_r):.2f} |")

@@ -293,10 +293,9 @@ class CompiledGraph:
             np.add.at(out, ops, nbytes)
         return out
 
-    def small_pool_peak(self, order: np.ndarray) -> int:
-        """Most small-pool bytes live at once under ``order`` (persistent: always)."""
-        if not len(self.small_bytes):
-            return 0
+    def small_live_bytes(self, order: np.ndarray) -> np.ndarray:
+        """Small-pool bytes live at each position of ``order`` (persistent: always;
+        others from their allocating op to their last use)."""
         n = len(order)
         pos = self.positions(order)
         delta = np.zeros(n + 1, dtype=np.int64)
@@ -309,4 +308,10 @@ class CompiledGraph:
                 b = max([a] + [int(pos[u]) for u in uses])
             delta[a] += self.small_bytes[s]
             delta[b + 1] -= self.small_bytes[s]
-        return int(np.cumsum(delta).max())
+        return np.cumsum(delta)[:n]
+
+    def small_pool_peak(self, order: np.ndarray) -> int:
+        """Most small-pool bytes live at once under ``order`` (persistent: always)."""
+        if not len(self.small_bytes) or not len(order):
+            return 0
+        return int(self.small_live_bytes(order).max())

@@ -402,18 +402,7 @@ def live_peak_bytes_timed(result: SimResult, cg: CompiledGraph, schedule: Sequen
                          "events=True")
     order = cg.order_of(schedule)
     n = len(order)
-    pos = cg.positions(order)
-    delta = np.zeros(n + 1, dtype=np.int64)
-    for b in range(len(cg.small_bytes)):
-        uses = cg.small_use[cg.small_use_ptr[b]:cg.small_use_ptr[b + 1]]
-        if cg.small_persistent[b]:
-            lo, hi = 0, n - 1
-        else:
-            lo = int(pos[cg.small_first_op[b]])
-            hi = max([lo] + [int(pos[u]) for u in uses])
-        delta[lo] += cg.small_bytes[b]
-        delta[hi + 1] -= cg.small_bytes[b]
-    small_live = np.cumsum(delta)[:n]
+    small_live = cg.small_live_bytes(order)
     # Op k runs from its compute event's start; position at time t: the last
     # op started at or before t.
     name_pos = {cg.graph.ops[int(o)].name: k for k, o in enumerate(order)}
