@@ -285,7 +285,9 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     ``pool_layout``: "shared" (pool objects never in use together share
     memory, so fewer tensors move) or "disjoint" (every object has memory of
     its own, SwapAdvisor's pool; needs more memory, but its allocator never
-    depends on the run following the plan's order).
+    depends on the run following the plan's order).  Where the peak is
+    verified, a shared plan that measures over the budget is re-planned with
+    the disjoint pool, whose rounding leaves room for what the model misses.
     ``verify_rounds``: where the device's peak can be measured (the emulated
     device), the rewritten
     step is run once and, if it needs more than the budget, planned again
@@ -420,9 +422,18 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
                              f"measured peak {measured.peak_bytes} B <= budget")
             return dataclasses.replace(optimized, notes=tuple(notes),
                                        measured_peak_bytes=measured.peak_bytes)
+        excess = measured.peak_bytes - budget
+        if config.pool_layout == "shared":
+            # A shared arena is packed to the planner's budget, so what the model
+            # misses shows at once; the disjoint pool's rounding leaves room for it.
+            notes.append(f"measured peak {measured.peak_bytes} B exceeded the budget by "
+                         f"{excess} B with the shared pool layout: re-planned with the "
+                         "disjoint one")
+            config = dataclasses.replace(config, pool_layout="disjoint")
+            attempt += 1
+            continue
         # The memory model missed what TF did (e.g. an in-place forward that an
         # extra reader prevented): plan again with that much less room.
-        excess = measured.peak_bytes - budget
         notes.append(f"measured peak {measured.peak_bytes} B exceeded the budget by {excess} B; "
                      "re-planned with that much less")
         planner_budget -= excess + budget // 100

@@ -594,6 +594,10 @@ def _search(graph, budget_bytes, spec, config, cg, *, initial_schedule, keep, re
                        "candidates (a planner bug); please report it with the graph")
 
 
+# The pool tried when no disjoint pool of the budget has a plan (x the budget).
+SHARED_FIRST_RETRY = 1.25
+
+
 def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchResult:
     """Searches for pools of ``f x budget_bytes`` and lays each best plan out shared.
 
@@ -614,12 +618,18 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
     best = None
     generations = evaluations = 0
     heuristic = None
+    no_disjoint = None   # why no disjoint pool of the budget has a plan, if none has
     for _ in range(rounds):
         try:
             res = _search(graph, int(budget_bytes * f), spec, each, cg, **options)
-        except ValueError:
+        except ValueError as err:
+            if best is None and no_disjoint is None:
+                # Objects that one op needs at once may still fit when they can
+                # share memory with objects idle at that time: try a larger pool.
+                no_disjoint, f = err, SHARED_FIRST_RETRY
+                continue
             if best is None:
-                raise
+                raise no_disjoint from err
             hi, fits, proposal = f, False, lo
         else:
             generations += res.generations
@@ -638,6 +648,8 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
                 hi = min(hi, f)
             proposal = f * budget_bytes / need
         if best is None:
+            if no_disjoint is not None:
+                raise no_disjoint
             break
         if fits and abs(proposal / f - 1) < 0.01:
             break          # this pool's arena fills the budget
@@ -652,6 +664,9 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
         if hi / lo < 1.02:
             break
         f = proposal
+    if best is None:
+        raise ValueError(f"no plan's shared pool fits the budget of {budget_bytes} bytes; "
+                         "raise the memory budget")
     res, shared = best
     planned = replace(res.plan, allocation=shared, budget_bytes=int(budget_bytes))
     return replace(res, plan=planned, generations=generations, evaluations=evaluations,
