@@ -594,10 +594,6 @@ def _search(graph, budget_bytes, spec, config, cg, *, initial_schedule, keep, re
                        "candidates (a planner bug); please report it with the graph")
 
 
-# The pool tried when no disjoint pool of the budget has a plan (x the budget).
-SHARED_FIRST_RETRY = 1.25
-
-
 def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchResult:
     """Searches for pools of ``f x budget_bytes`` and lays each best plan out shared.
 
@@ -618,18 +614,12 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
     best = None
     generations = evaluations = 0
     heuristic = None
-    no_disjoint = None   # why no disjoint pool of the budget has a plan, if none has
     for _ in range(rounds):
         try:
             res = _search(graph, int(budget_bytes * f), spec, each, cg, **options)
-        except ValueError as err:
-            if best is None and no_disjoint is None:
-                # Objects that one op needs at once may still fit when they can
-                # share memory with objects idle at that time: try a larger pool.
-                no_disjoint, f = err, SHARED_FIRST_RETRY
-                continue
+        except ValueError:
             if best is None:
-                raise no_disjoint from err
+                raise
             hi, fits, proposal = f, False, lo
         else:
             generations += res.generations
@@ -648,8 +638,6 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
                 hi = min(hi, f)
             proposal = f * budget_bytes / need
         if best is None:
-            if no_disjoint is not None:
-                raise no_disjoint
             break
         if fits and abs(proposal / f - 1) < 0.01:
             break          # this pool's arena fills the budget
