@@ -39,7 +39,7 @@ import numpy as np
 from tfswap.core.plan import OBJECT_ALIGNMENT, Allocation
 
 
-def object_busy(result, allocation: Allocation) -> dict[tuple[int, int], list[tuple[int, int]]]:
+def object_busy(result) -> dict[tuple[int, int], list[tuple[int, int]]]:
     """Each used object's busy intervals, ``[first, last)`` in event positions.
 
     An object still held at the end of the step (a kept or resident buffer)
@@ -75,7 +75,7 @@ def shared_layout(result, allocation: Allocation) -> Allocation:
     ``result``: the plan's :class:`~tfswap.core.simulator.SimResult`, simulated
     with ``events=True`` under ``allocation``.
     """
-    busy = object_busy(result, allocation)
+    busy = object_busy(result)
     counts = list(result.class_peak_objects)
     # The simulator takes objects from LIFO stacks filled in index order, so the
     # objects a step uses are exactly 0 .. peak-1 of each class.
@@ -122,7 +122,7 @@ def conflicts(result, allocation: Allocation) -> list[tuple[tuple[int, int], tup
     """
     if not allocation.shared:
         return []
-    busy = object_busy(result, allocation)
+    busy = object_busy(result)
     keys = sorted(busy)
     out = []
     for a_i, a in enumerate(keys):

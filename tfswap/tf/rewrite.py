@@ -278,6 +278,21 @@ def _check_link(value) -> float | None:
     return float(value)
 
 
+def _copy_node(graph_def, nodes: dict, name: str, op: str, device: str, source: str,
+               after: str, dtype_attr, shapes, link: float | None):
+    """Add a SwapOut/SwapIn node reading ``source``, started once ``after`` has run."""
+    node = graph_def.node.add(name=name, op=op, device=device)
+    node.input.append(source)
+    if _orders(nodes, after):
+        node.input.append("^" + after)
+    node.attr["T"].CopyFrom(dtype_attr)
+    if link is not None:
+        node.attr["link_bytes_per_s"].f = link
+    if shapes.list.shape:
+        node.attr["_output_shapes"].CopyFrom(shapes)
+    return node
+
+
 def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
             emulated_link_bytes_per_s: float | None = None,
             ordered_copies: bool = False) -> RewrittenGraph:
@@ -402,27 +417,13 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
         if swap.kind == "prefetch":   # from the host variable's read: no swap-out
             source, out_name = _input_ref(producer, index), ""
         else:
-            out_node = graph_def.node.add(name=out_name, op=SWAP_OUT_OP, device=swap_out_device)
-            out_node.input.append(_input_ref(*held[-1]))
-            if _orders(nodes, swap.out_after):
-                out_node.input.append("^" + swap.out_after)
-            out_node.attr["T"].CopyFrom(dtype_attr)
-            if link is not None:
-                out_node.attr["link_bytes_per_s"].f = link
-            if shapes.list.shape:
-                out_node.attr["_output_shapes"].CopyFrom(shapes)
+            out_node = _copy_node(graph_def, nodes, out_name, SWAP_OUT_OP, swap_out_device,
+                                  _input_ref(*held[-1]), swap.out_after, dtype_attr, shapes, link)
             source = out_name
             swap_out_name[swap.id] = out_name
             swap_out_node[swap.id] = out_node
-        in_node = graph_def.node.add(name=in_name, op=SWAP_IN_OP, device=device)
-        in_node.input.append(source)
-        if _orders(nodes, swap.in_after):
-            in_node.input.append("^" + swap.in_after)
-        in_node.attr["T"].CopyFrom(dtype_attr)
-        if link is not None:
-            in_node.attr["link_bytes_per_s"].f = link
-        if shapes.list.shape:
-            in_node.attr["_output_shapes"].CopyFrom(shapes)
+        in_node = _copy_node(graph_def, nodes, in_name, SWAP_IN_OP, device, source,
+                             swap.in_after, dtype_attr, shapes, link)
         swap_in_node[swap.id] = in_node
         swap_nodes.append((k, SwapNodes(swap.id, swap.tensor, out_name, in_name)))
 
