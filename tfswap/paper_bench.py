@@ -87,7 +87,7 @@ def compare(graph, keep, model: str, batch: int, budget_bytes: int, spec, *,
                                                   workers=workers, seed=seed,
                                                   pool_layout=POOL_LAYOUT[name]))
                 p = res.plan
-                note = (f"{POOL_LAYOUT[name]} pool {p.allocation.total_bytes} B, "
+                note = (f"{p.planner}, {POOL_LAYOUT[name]} pool {p.allocation.total_bytes} B, "
                         f"{res.generations} generations, {res.evaluations} simulations")
             else:
                 p = baselines.BASELINES[name](graph, budget_bytes, spec, keep=keep, compiled=cg,

@@ -26,8 +26,13 @@ def test_optimize_at_random_feasible_budgets_is_exact_and_within_them():
             # run (seed 16 in one full-suite run: 1016096 B for a 974057 B budget).
             # One fresh plan and measurement is allowed; a wrong result never is.
             outcome = fuzz.check(seed)
-        assert outcome.status in ("passed", "refused"), (outcome.seed, outcome.status,
-                                                          outcome.detail)
+        # "infeasible": this run's trace named a smallest budget at or above the
+        # unmodified peak, so there was no budget to draw (seed 16's traced peak
+        # has measured 819484, 1016096 and 1048856 B in different suite runs).
+        # Nothing was planned, so nothing can be wrong; the count below still
+        # needs 4 of the 5 seeds to plan within their budget.
+        assert outcome.status in ("passed", "refused", "infeasible"), (
+            outcome.seed, outcome.status, outcome.detail)
         if outcome.status == "passed":
             assert outcome.swaps > 0
             passed += 1

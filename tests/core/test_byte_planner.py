@@ -1,0 +1,126 @@
+"""The byte-cap planner on synthetic graphs: its plans are what the simulator runs,
+the live bytes stay under the cap, the shared layout fits the budget, and the
+shared search takes its plan only when it is faster (no TensorFlow)."""
+
+import pytest
+
+from tfswap.core import baselines, byte_planner, layout
+from tfswap.core.compiled import CompiledGraph
+from tfswap.core.plan import Plan
+from tfswap.core.planner import InfeasibleAllocation
+from tfswap.core.search import BYTES_PLANNER_NAME, PLANNER_NAME, SearchConfig
+from tfswap.core.search import plan as ga_plan
+from tfswap.core.simulator import simulate
+from tfswap.core.synthetic import layered_training_step
+from tests.core.plan_checks import SPEC
+
+
+@pytest.fixture(scope="module")
+def step():
+    g = layered_training_step(300, seed=5)
+    return g, baselines.ideal(g, 1, SPEC).prediction.peak_bytes
+
+
+@pytest.mark.parametrize("fraction", [0.6, 0.75, 0.9])
+@pytest.mark.parametrize("lookahead", [None, 2.0])
+def test_live_bytes_stay_under_the_cap_and_the_plan_is_what_runs(step, fraction, lookahead):
+    g, peak = step
+    budget = int(peak * fraction)
+    p = byte_planner.plan(g, budget, SPEC, lookahead=lookahead)
+    result = simulate(g, p, SPEC)
+    assert result.peak_bytes <= budget
+    assert result.step_time_s == p.prediction.step_time_s
+    assert result.step_time_s >= result.ideal_time_s
+    assert p.swaps and all(s.kind == "round_trip" for s in p.swaps)
+    assert Plan.from_json(p.to_json()) == p
+
+
+def test_the_cap_is_held_at_every_position_of_the_scan(step):
+    g, peak = step
+    cg = CompiledGraph.build(g)
+    order = cg.order_of(None)
+    cap = int(peak * 0.6) - cg.small_pool_peak(order)
+    scan = byte_planner._ByteScan(cg, order, SPEC, None, 0.0)
+    prog = scan.run(cap)
+    assert scan.occ.max() <= cap
+    # Every swap-in starts after its own swap-out's op and waits for what it evicted.
+    for r in prog.ins:
+        assert r.own_out >= 0 and prog.outs[r.own_out].out_after <= r.trigger < r.need
+        assert all(prog.outs[j].out_after <= r.trigger for j in r.waits)
+
+
+def test_a_looser_cap_swaps_less_and_runs_no_slower(step):
+    g, peak = step
+    tight = byte_planner.plan(g, int(peak * 0.6), SPEC)
+    loose = byte_planner.plan(g, int(peak * 0.9), SPEC)
+    assert loose.swapped_bytes < tight.swapped_bytes
+    assert loose.prediction.step_time_s <= tight.prediction.step_time_s
+
+
+def test_a_step_that_fits_gets_no_swaps(step):
+    g, peak = step
+    p = byte_planner.plan(g, peak, SPEC)
+    assert p.swaps == ()
+    assert p.prediction.step_time_s == p.prediction.ideal_time_s
+
+
+def test_shared_memory_fits_its_arena_in_the_budget_without_conflicts(step):
+    g, peak = step
+    budget = int(peak * 0.7)
+    p = byte_planner.plan(g, budget, SPEC, memory="shared")
+    assert p.allocation.shared and p.allocation.total_bytes <= budget
+    result = simulate(g, p, SPEC, events=True)
+    assert result.step_time_s == p.prediction.step_time_s
+    assert layout.conflicts(result, p.allocation) == []
+
+
+def test_below_what_one_op_needs_it_says_to_raise_the_budget(step):
+    g, _ = step
+    cg = CompiledGraph.build(g)
+    need = int(cg.op_working_set().max())
+    with pytest.raises(InfeasibleAllocation, match="raise the budget"):
+        byte_planner.plan(g, need // 2, SPEC)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(memory="pool"), "memory must be one of"),
+    (dict(lookahead=-1.0), "lookahead must be None or >= 0"),
+])
+def test_bad_options_are_refused(step, bad, match):
+    g, peak = step
+    with pytest.raises(ValueError, match=match):
+        byte_planner.plan(g, peak, SPEC, **bad)
+
+
+def test_bad_cap_is_refused(step):
+    g, _ = step
+    cg = CompiledGraph.build(g)
+    with pytest.raises(ValueError, match="cap_bytes must be an int > 0"):
+        byte_planner.build_program(cg, cg.order_of(None), SPEC, 0)
+
+
+def test_shared_search_keeps_the_faster_of_its_two_planners(step):
+    g, peak = step
+    budget = int(peak * 0.6)
+    cfg = SearchConfig(max_generations=3, time_budget_s=None, seed=0, workers=1,
+                       pool_layout="shared", layout_rounds=2)
+    res = ga_plan(g, budget, SPEC, config=cfg)
+    assert res.plan.planner == BYTES_PLANNER_NAME   # on this step it beats 3 generations
+    assert res.plan.allocation.total_bytes <= budget
+    byte_plan = byte_planner.plan(g, budget, SPEC, memory="shared")
+    assert res.plan.prediction.step_time_s <= byte_plan.prediction.step_time_s
+    result = simulate(g, res.plan, SPEC)
+    assert result.step_time_s == res.plan.prediction.step_time_s
+    assert res.best_evaluation.step_time_s == res.plan.prediction.step_time_s
+
+
+def test_parameters_starting_on_the_host_leave_the_shared_search_to_the_class_planner():
+    # The byte planner keeps parameters on the device; with parameters that start
+    # the step on the host its plans would be wrong, so the search never takes one.
+    g = layered_training_step(120, seed=2)
+    peak = baselines.ideal(g, 1, SPEC).prediction.peak_bytes
+    cfg = SearchConfig(max_generations=2, time_budget_s=None, seed=0, workers=1,
+                       pool_layout="shared", layout_rounds=2)
+    res = ga_plan(g, int(peak * 0.6), SPEC, config=cfg, params_start_on_host=True)
+    assert res.plan.planner == PLANNER_NAME
+    assert simulate(g, res.plan, SPEC).step_time_s == res.plan.prediction.step_time_s
