@@ -9,7 +9,12 @@ TF's order, all simulated) it prints, as throughput relative to ideal:
 * the byte-cap planner (``tfswap.core.byte_planner``) judged like the
   baselines (live bytes fit) and held to the shared arena (what tfswap runs);
 * for the byte planner's plan at ``--cap`` of the budget: its live bytes and
-  the smallest arena any of several object orders packs it into.
+  the smallest arena any of several object orders packs it into;
+* a bound no swapping plan in TF's order beats (``--bound``): at the end of
+  the forward pass the live bytes beyond the budget must be off the device,
+  so the forward takes at least their copy-out time (less what parameters,
+  dropped for free, cover) and the rest at least their copy-in time (the
+  same at every position; the worst one is the bound).
 
 Command (RESULTS.md, "Why tfswap loses rows"):
 
@@ -69,6 +74,31 @@ def best_packing(result, pool) -> int:
     return best
 
 
+def link_bound(cg, order, spec, budget: int) -> float:
+    """Throughput relative to ideal that no plan in ``order`` exceeds (module doc).
+
+    At every position ``k`` the bytes live there without swapping, less the
+    budget, must be off the device: each was produced before ``k`` and is read
+    after it, so the ops before ``k`` take at least their copy-out time (less
+    the parameters, which may be dropped for free) and the ops after ``k`` at
+    least their copy-in time.  The bound is the worst position's.
+    """
+    n = len(order)
+    times = cg.op_time[order]
+    first, last = cg.buffer_intervals(order)
+    delta = np.zeros(n + 1, np.int64)
+    np.add.at(delta, first[last >= first], cg.buf_bytes[last >= first])
+    np.add.at(delta, last[last >= first], -cg.buf_bytes[last >= first])
+    live = np.cumsum(delta)[:n] + cg.small_pool_peak(order)   # live across k -> k + 1
+    excess = np.maximum(0, live - budget).astype(np.float64)
+    params = float(cg.buf_bytes[cg.buf_persistent.astype(bool)].sum())
+    before = np.cumsum(times)
+    after = before[-1] - before
+    step = np.maximum(before, np.maximum(0.0, excess - params) / spec.d2h_bytes_per_s) + \
+        np.maximum(after, excess / spec.h2d_bytes_per_s)
+    return float(before[-1] / step.max())
+
+
 def row(model: str, batch: int, spec_name: str, cap: float, cache: str) -> str:
     spec = device_spec(spec_name)
     budget = spec.memory_bytes
@@ -101,6 +131,7 @@ def row(model: str, batch: int, spec_name: str, cap: float, cache: str) -> str:
     sim = simulator.run_program(cg, prog, pool, spec, events=True)
     packed = best_packing(sim, pool) + pool.small_pool_bytes
     cells.append(f"{sim.peak_bytes / 1e9:.2f} / {packed / 1e9:.2f}")
+    cells.append(f"{link_bound(cg, order, spec, budget):.3f}")
     return "| " + " | ".join(cells) + " |"
 
 
@@ -114,8 +145,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     print(f"| row | capuchin | capuchin, no recompute | capuchin live / shared arena (GB) | "
           f"byte planner, live | byte planner, shared arena | byte plan at {args.cap:.0%}: "
-          "live / best packed arena (GB) |")
-    print("|---|---|---|---|---|---|---|")
+          "live / best packed arena (GB) | bound from the link |")
+    print("|---|---|---|---|---|---|---|---|")
     for item in args.rows:
         model, batch = item.split(":")
         print(row(model, int(batch), args.spec, args.cap, args.cache), flush=True)

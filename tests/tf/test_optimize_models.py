@@ -49,7 +49,7 @@ def test_measured_peak_is_within_the_budget(optimized):
     name, step, _, baseline, budget, fast = optimized
     after = measure.measure(fast.captured, fast.graph_def, step.batch)
     print(f"\n{name}: unmodified {baseline.peak_bytes} B, budget {budget} B, "
-          f"rewritten {after.peak_bytes} B, {len(fast.plan.swaps)} swaps")
+          f"rewritten {after.peak_bytes} B, {len(fast.plan.swaps)} swaps, {fast.plan.planner}")
     assert fast.plan.swaps
     assert after.peak_bytes <= budget
 
