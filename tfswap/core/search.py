@@ -663,7 +663,7 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
     if by_bytes is not None and (best is None or by_bytes.prediction.step_time_s
                                  < best[0].plan.prediction.step_time_s):
         return _byte_result(by_bytes, cg, spec, config, generations, evaluations, heuristic,
-                            best[0].history if best else ())
+                            best[0] if best else None)
     res, shared = best
     planned = replace(res.plan, allocation=shared, budget_bytes=int(budget_bytes))
     return replace(res, plan=planned, generations=generations, evaluations=evaluations,
@@ -671,9 +671,10 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
 
 
 def _byte_result(plan: Plan, cg, spec, config, generations, evaluations, heuristic,
-                 history) -> SearchResult:
-    """A SearchResult for a byte-planned ``plan`` (its evaluation from the simulator;
-    ``history``: the genetic search's, which it beat)."""
+                 beaten: SearchResult | None) -> SearchResult:
+    """A SearchResult for a byte-planned ``plan``: its evaluation from the simulator,
+    the history and stopping reason of the genetic search it ``beaten`` (None: no
+    pool of that search fitted)."""
     from tfswap.core import simulator
 
     prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
@@ -684,8 +685,10 @@ def _byte_result(plan: Plan, cg, spec, config, generations, evaluations, heurist
                     n_swap_ins=len(prog.ins), passes=1,
                     class_peak_objects=sim.class_peak_objects, program=prog)
     return SearchResult(plan=replace(plan, planner=BYTES_PLANNER_NAME), best_evaluation=ev,
-                        history=history, heuristic_time_s=heuristic, generations=generations,
-                        evaluations=evaluations, stopped_because="byte planner", config=config)
+                        history=beaten.history if beaten else (), heuristic_time_s=heuristic,
+                        generations=generations, evaluations=evaluations,
+                        stopped_because=beaten.stopped_because if beaten else
+                        "no shared pool of the genetic search fitted", config=config)
 
 
 def _byte_planned(graph, budget_bytes, spec, cg, schedules, options) -> Plan | None:
