@@ -216,6 +216,8 @@ def pin_parameters(graph: DataflowGraph, resident) -> DataflowGraph:
 
 
 SMALLEST_SMALL_BYTES = 4 << 10   # the default small-tensor threshold's floor
+# Sessions the rewritten step is measured in before optimize returns it (emulated device).
+VERIFY_SESSIONS = 2
 
 
 def _small_threshold(step_peak_bytes: int) -> int:
@@ -414,8 +416,11 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
         # The worst of 3 runs: how soon a swap-in starts after its trigger depends
         # on the executor's threads, which moves the measured peak below the
         # plan's bound from run to run (fuzz seed 1058: 624656 to 690192 B for
-        # one plan predicted at 690204 B).
-        measured = measure.measure(captured, optimized.graph_def, feed, runs=3, warmup=1)
+        # one plan predicted at 690204 B).  In 2 sessions: runs within a session
+        # agree, sessions need not (fuzz seed 1271's byte-cap plan: 394764 B in
+        # the first session, 427532 B in the next four, 443916 B in another run).
+        measured = max((measure.measure(captured, optimized.graph_def, feed, runs=3, warmup=1)
+                        for _ in range(VERIFY_SESSIONS)), key=lambda m: m.peak_bytes)
         if measured.peak_bytes <= budget:
             if attempt:
                 notes.append(f"verified on the emulated device after {attempt} re-plan(s): "

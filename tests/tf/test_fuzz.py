@@ -45,3 +45,10 @@ def test_optimize_at_random_feasible_budgets_is_exact_and_within_them():
 def test_a_failure_is_reported_not_raised():
     outcome = fuzz.check(0, max_ops=0)
     assert outcome.status == "failed" and "max_ops must be >= 1" in outcome.detail
+
+
+def test_a_step_that_diverges_alike_is_the_same_result():
+    nan = float("nan")
+    assert fuzz.same_values([1.0, nan, float("inf")], [1.0, nan, float("inf")])
+    assert not fuzz.same_values([1.0, nan], [1.0, 2.0])
+    assert not fuzz.same_values([1.0, 2.0], [1.0, 2.0 + 1e-7])

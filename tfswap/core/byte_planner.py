@@ -20,7 +20,10 @@ position under ``cap_bytes``:
   ones whose swap-out and the incoming copy would not finish in ideal time
   before the op starts (the planner's recency rule) while others remain.
   The evicted buffer is copied out after its last use before the gap; the
-  allocation waits for that copy (``in_wait_for`` / ``out_before``).
+  allocation waits for that copy (``in_wait_for`` / ``out_before``), and the
+  evicted bytes count as taken until that allocation starts, since no other
+  allocation waits for the copy (a run slower than the simulation then
+  still never holds both).
 * A swap-in starts as early as the bytes it takes are free at every
   position up to its reader (and after its own swap-out's op), or, with
   ``lookahead`` set, no earlier than the last op that ends, in ideal time,
@@ -126,8 +129,9 @@ class _ByteScan:
                     self._swap_in(b, k)
             for b in self.allocs[k]:
                 if not resident[b]:
-                    for j in self._make_room(b, k):
-                        self.op_waits.append((k, j))
+                    evicted = self._make_room(b, k)
+                    self.op_waits += [(k, j) for j in evicted]
+                    self._in_flight(evicted, k)
                     self._hold(b, k)
             for b in both:
                 self._use(b, k)
@@ -172,7 +176,17 @@ class _ByteScan:
         trigger = lo + int(full[-1]) if len(full) else floor
         self.ins.append(InRec(b, trigger, tuple(evicted), self.pending_out[b], k))
         self.pending_out[b] = -1
+        self._in_flight(evicted, trigger + 1)
         self._hold(b, trigger + 1)
+
+    def _in_flight(self, evicted: list[int], taken: int) -> None:
+        """Count each evicted buffer again up to position ``taken``, where the allocation
+        that waits for its copy-out takes its bytes: until then the copy may still run,
+        and nothing else waits for it (so no other allocation may count on them)."""
+        for j in evicted:
+            o = self.outs[j]
+            if taken > o.out_after + 1:
+                self.occ[o.out_after + 1:taken] += self.nbytes[o.buf]
 
     def _make_room(self, incoming: int, k: int) -> list[int]:
         """Evict until ``incoming`` fits at position ``k``: the out records made."""
@@ -214,7 +228,8 @@ class _ByteScan:
         q = self.last_use[e]
         self.resident[e] = False
         self.version[e] += 1
-        # Free after its last use; whatever takes the bytes waits for the copy-out.
+        # Free after its last use for the allocation it is evicted for, which waits
+        # for the copy-out; _in_flight counts it again up to where that one starts.
         self.occ[q + 1:] -= self.nbytes[e]
         self.outs.append(OutRec(e, q, True))
         j = len(self.outs) - 1
