@@ -291,9 +291,9 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     verified, a shared plan that measures over the budget is re-planned with
     the disjoint pool, whose rounding leaves room for what the model misses.
     ``verify_rounds``: where the device's peak can be measured (the emulated
-    device), the rewritten
-    step is run once and, if it needs more than the budget, planned again
-    with the excess taken off, up to this many times (0: trust the model).
+    device), the rewritten step is measured (3 runs in each of 2 sessions) and,
+    if it needs more than the budget, planned again with the excess taken off,
+    up to this many times (0: trust the model).
 
     Returns an :class:`OptimizedFunction`.  If the step already fits, it has
     no swaps and its report says so.
