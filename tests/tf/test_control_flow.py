@@ -34,17 +34,25 @@ def optimize_with_swaps(step, fraction=0.6, generations=3, margin=1.3):
     the model's estimate of a branch's saved state left too little room in some
     traced orders: a fresh-clone suite run measured the cond step over it)."""
     captured = capture.capture(step.concrete_fn)
-    baseline = measure.measure(captured, captured.graph_def, step.batch, inter_op_threads=1)
-    budget = int(fraction * baseline.peak_bytes)
+    peak = measure.measure(captured, captured.graph_def, step.batch,
+                           inter_op_threads=1).peak_bytes
     kwargs = dict(generations=generations, seed=0, workers=1, inputs=step.batch,
                   profile="trace")
-    try:
-        fast = tfswap.optimize(step.concrete_fn, budget, **kwargs)
-    except BudgetError as err:
-        minimum = int(re.search(r"about (\d+) bytes", str(err)).group(1))
-        assert minimum < baseline.peak_bytes, str(err)
-        budget = min(int(margin * minimum), int(0.95 * baseline.peak_bytes))
-        fast = tfswap.optimize(step.concrete_fn, budget, **kwargs)
+    for _ in range(2):
+        budget = int(fraction * peak)
+        try:
+            fast = tfswap.optimize(step.concrete_fn, budget, **kwargs)
+        except BudgetError as err:
+            minimum = int(re.search(r"about (\d+) bytes", str(err)).group(1))
+            assert minimum < peak, str(err)
+            budget = min(int(margin * minimum), int(0.95 * peak))
+            fast = tfswap.optimize(step.concrete_fn, budget, **kwargs)
+        if fast.plan.swaps:
+            break
+        # TensorFlow's executed order can differ between sessions (the embedding
+        # step below), and optimize's own trace saw an order that fits this budget;
+        # its plan pins that order.  Plan below that order's peak instead.
+        peak = fast.plan.prediction.peak_bytes
     assert len(fast.plan.swaps) > 0, "the budget forced no swap: the test would be vacuous"
     after = measure.measure(fast.captured, fast.graph_def, step.batch)
     assert after.peak_bytes <= budget
