@@ -255,7 +255,8 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
              workers: int | None = None,
              executor=None, mode: str = "joint", inputs=None, safety_margin: float = 0.05,
              small_tensor_bytes: int | None = None, verify_rounds: int = 3,
-             pool_layout: str = "shared", progress: bool = False) -> OptimizedFunction:
+             pool_layout: str = "shared", byte_planner: bool = False,
+             progress: bool = False) -> OptimizedFunction:
     """Plan swaps for ``concrete_fn`` so it runs within ``memory_budget`` of device memory.
 
     ``memory_budget``: bytes (int), a string such as "12GiB", or a fraction
@@ -290,6 +291,9 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     depends on the run following the plan's order).  Where the peak is
     verified, a shared plan that measures over the budget is re-planned with
     the disjoint pool, whose rounding leaves room for what the model misses.
+    ``byte_planner``: with the shared layout, also try the byte-cap planner
+    (:mod:`tfswap.core.byte_planner`), which moves far less on steps several
+    times the device; off by default (see ``SearchConfig.byte_planner``).
     ``verify_rounds``: where the device's peak can be measured (the emulated
     device), the rewritten step is measured (3 runs in each of 2 sessions) and,
     if it needs more than the budget, planned again with the excess taken off,
@@ -356,7 +360,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     config = ga.SearchConfig(
         time_budget_s=None if generations is not None else float(search_time),
         max_generations=generations, seed=seed, workers=workers, executor=executor,
-        mode=mode, progress=progress, pool_layout=pool_layout)
+        mode=mode, progress=progress, pool_layout=pool_layout, byte_planner=byte_planner)
     verify = _measurable(device) and verify_rounds > 0
     feed = list(inputs) if inputs is not None else _sample_inputs(captured, seed)
     rounds = 1 + (verify_rounds if verify else 0)

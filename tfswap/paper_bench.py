@@ -31,7 +31,8 @@ from tfswap.core.search import plan as ga_plan
 
 TFSWAP = "tfswap"
 # The genetic search with the paper's pool (every object has memory of its own):
-# SwapAdvisor as published.  tfswap's own column lets objects share memory.
+# SwapAdvisor as published.  tfswap's own column lets objects share memory and
+# also tries the byte-cap planner (SearchConfig.byte_planner).
 SWAPADVISOR = "swapadvisor"
 POOL_LAYOUT = {SWAPADVISOR: "disjoint", TFSWAP: "shared"}
 POLICIES = tuple(baselines.BASELINES) + (SWAPADVISOR, TFSWAP)
@@ -85,7 +86,8 @@ def compare(graph, keep, model: str, batch: int, budget_bytes: int, spec, *,
                 res = ga_plan(graph, budget_bytes, spec, keep=keep, compiled=cg,
                               config=SearchConfig(max_generations=generations, time_budget_s=None,
                                                   workers=workers, seed=seed,
-                                                  pool_layout=POOL_LAYOUT[name]))
+                                                  pool_layout=POOL_LAYOUT[name],
+                                                  byte_planner=name == TFSWAP))
                 p = res.plan
                 note = (f"{p.planner}, {POOL_LAYOUT[name]} pool {p.allocation.total_bytes} B, "
                         f"{res.generations} generations, {res.evaluations} simulations")

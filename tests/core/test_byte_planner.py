@@ -103,7 +103,7 @@ def test_shared_search_keeps_the_faster_of_its_two_planners(step):
     g, peak = step
     budget = int(peak * 0.6)
     cfg = SearchConfig(max_generations=3, time_budget_s=None, seed=0, workers=1,
-                       pool_layout="shared", layout_rounds=2)
+                       pool_layout="shared", layout_rounds=2, byte_planner=True)
     res = ga_plan(g, budget, SPEC, config=cfg)
     assert res.plan.planner == BYTES_PLANNER_NAME   # on this step it beats 3 generations
     assert res.plan.allocation.total_bytes <= budget
@@ -120,7 +120,17 @@ def test_parameters_starting_on_the_host_leave_the_shared_search_to_the_class_pl
     g = layered_training_step(120, seed=2)
     peak = baselines.ideal(g, 1, SPEC).prediction.peak_bytes
     cfg = SearchConfig(max_generations=2, time_budget_s=None, seed=0, workers=1,
-                       pool_layout="shared", layout_rounds=2)
+                       pool_layout="shared", layout_rounds=2, byte_planner=True)
     res = ga_plan(g, int(peak * 0.6), SPEC, config=cfg, params_start_on_host=True)
     assert res.plan.planner == PLANNER_NAME
     assert simulate(g, res.plan, SPEC).step_time_s == res.plan.prediction.step_time_s
+
+
+def test_the_byte_planner_is_tried_only_when_asked(step):
+    g, peak = step
+    cfg = SearchConfig(max_generations=3, time_budget_s=None, seed=0, workers=1,
+                       pool_layout="shared", layout_rounds=2)
+    assert cfg.byte_planner is False
+    assert ga_plan(g, int(peak * 0.6), SPEC, config=cfg).plan.planner == PLANNER_NAME
+    with pytest.raises(ValueError, match="byte_planner must be True or False"):
+        SearchConfig(byte_planner="yes")

@@ -91,6 +91,12 @@ class SearchConfig:
     plans pools larger than the budget and keeps the fastest plan whose
     shared arena fits; ``layout_rounds`` searches, the time budget split
     between them).
+    ``byte_planner``: with the shared layout, also plan TF's order and the
+    search's best schedule with :mod:`tfswap.core.byte_planner` (evicts across
+    size classes under a byte cap) and keep the faster plan whose arena fits.
+    Off by default: its plans fill the budget with live bytes, and on the
+    emulated device they measured above their simulation more often than the
+    class planner's (benchmarks/RESULTS.md, "Fuzzing").
     """
 
     population_size: int = 32
@@ -109,6 +115,7 @@ class SearchConfig:
     progress: bool = False
     pool_layout: str = "disjoint"
     layout_rounds: int = 5
+    byte_planner: bool = False
 
     def __post_init__(self):
         def positive_int(name, value, allow_none=False, minimum=1):
@@ -144,6 +151,9 @@ class SearchConfig:
             raise ValueError("SearchConfig: set at least one of time_budget_s, max_generations "
                              "and patience, or the search never stops")
         positive_int("layout_rounds", self.layout_rounds)
+        if not isinstance(self.byte_planner, bool):
+            raise ValueError(f"SearchConfig.byte_planner must be True or False, got "
+                             f"{self.byte_planner!r}")
         if self.pool_layout not in POOL_LAYOUTS:
             raise ValueError(f"SearchConfig.pool_layout must be one of {POOL_LAYOUTS}, got "
                              f"{self.pool_layout!r}")
@@ -656,7 +666,8 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
             break
         f = proposal
     schedules = [options["initial_schedule"]] + ([best[0].plan.schedule] if best else [])
-    by_bytes = _byte_planned(graph, budget_bytes, spec, cg, schedules, options)
+    by_bytes = _byte_planned(graph, budget_bytes, spec, cg, schedules, options) \
+        if config.byte_planner else None
     if best is None and by_bytes is None:
         raise ValueError(f"no plan's shared pool fits the budget of {budget_bytes} bytes; "
                          "raise the memory budget")
