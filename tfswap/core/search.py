@@ -717,8 +717,12 @@ def _byte_planned(graph, budget_bytes, spec, cg, schedules, options) -> Plan | N
     if options["params_start_on_host"] and any(
             cg.buf_persistent[b] and not cg.buf_pinned[b] for b in range(cg.n_buffers)):
         return None
-    best = None
+    best, seen = None, set()
     for schedule in schedules:
+        order = cg.order_of(schedule).tobytes()
+        if order in seen:    # the search's best schedule can be TF's order itself
+            continue
+        seen.add(order)
         try:
             got = byte_planner.plan(graph, budget_bytes, spec, schedule=schedule, compiled=cg,
                                     memory="shared")
