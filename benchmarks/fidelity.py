@@ -106,6 +106,7 @@ from tfswap.tf.profile import _node_nanos  # noqa: E402
 # parameters, which stay on the device) making most of the peak.
 MODELS = {
     "cnn": lambda: zoo.cnn(batch=32, image=32),
+    "inception": lambda: zoo.inception(batch=16, image=32),
     "bert": lambda: zoo.bert(batch=16, seq=128, dim=128, layers=2),
     "lstm": lambda: zoo.lstm(batch=16, steps=24, features=32, units=64, layers=4),
 }

@@ -120,6 +120,57 @@ def cnn(batch: int = 32, image: int = 32, channels: int = 16, classes: int = 10,
 
 
 @_homed
+def inception(batch: int = 16, image: int = 32, channels: int = 8, classes: int = 10,
+              blocks: int = 4, seed: int = 0) -> TrainStep:
+    """An Inception-style CNN: a Conv/BN/ReLU stem, then ``blocks`` modules of four
+    parallel branches (1x1; 1x1 -> 3x3; 1x1 -> 3x3 -> 3x3; 3x3 average pool -> 1x1,
+    each convolution followed by BN and ReLU) concatenated to 4 x ``channels``, with
+    a 2x2 max pool after every second module; pooling -> Dense, sparse
+    cross-entropy, Adam.
+
+    Unlike :func:`cnn`'s chain, the branches leave the schedule freedom (which
+    branch runs first, forward and backward) and tensors of several sizes, the
+    shape of the Inception models SwapAdvisor evaluates.
+
+    Example::
+
+        step = zoo.inception(batch=16, image=32)
+        step.concrete_fn(*step.batch)      # one Adam step, returns {"loss": ...}
+    """
+    import keras
+
+    if blocks < 1:
+        raise ValueError(f"blocks must be >= 1, got {blocks}")
+    if channels < 2:
+        raise ValueError(f"channels must be >= 2, got {channels}")
+    keras.utils.set_random_seed(seed)
+    L = keras.layers
+
+    def conv(x, width, size):
+        x = L.Conv2D(width, size, padding="same", use_bias=False)(x)
+        return L.ReLU()(L.BatchNormalization()(x))
+
+    inputs = keras.Input((image, image, 3))
+    h = conv(inputs, 4 * channels, 3)
+    half = max(channels // 2, 1)
+    for k in range(blocks):
+        branches = [conv(h, channels, 1),
+                    conv(conv(h, half, 1), channels, 3),
+                    conv(conv(conv(h, half, 1), channels, 3), channels, 3),
+                    conv(L.AveragePooling2D(3, strides=1, padding="same")(h), channels, 1)]
+        h = L.Concatenate()(branches)
+        if k % 2 == 1 and k < blocks - 1 and h.shape[1] >= 2:
+            h = L.MaxPooling2D(2)(h)
+    logits = L.Dense(classes)(L.GlobalAveragePooling2D()(h))
+    model = keras.Model(inputs, logits, name="inception")
+    rng = np.random.default_rng(seed)
+    data = (rng.standard_normal((batch, image, image, 3), dtype=np.float32),
+            rng.integers(0, classes, batch).astype(np.int32))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return _train_step("inception", model, data, loss)
+
+
+@_homed
 def transformer(batch: int = 8, seq: int = 64, dim: int = 64, heads: int = 4,
                 layers: int = 2, vocab: int = 512, seed: int = 0) -> TrainStep:
     """A small Transformer encoder (embedding, MHA, LayerNorm, FFN) for token classification."""
@@ -207,5 +258,5 @@ def lstm(batch: int = 8, steps: int = 16, features: int = 32, units: int = 64,
     return _train_step("lstm" if unroll else "lstm_loop", model, data, loss)
 
 
-MODELS = {"cnn": cnn, "transformer": transformer, "resnet50": resnet50, "bert": bert,
-          "lstm": lstm}
+MODELS = {"cnn": cnn, "inception": inception, "transformer": transformer,
+          "resnet50": resnet50, "bert": bert, "lstm": lstm}

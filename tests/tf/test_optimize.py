@@ -15,7 +15,8 @@ from tfswap.tf import capture, measure
 
 from .equality import assert_same_training
 
-MODELS = {"cnn": lambda: zoo.cnn(batch=32), "transformer": lambda: zoo.transformer(batch=8)}
+MODELS = {"cnn": lambda: zoo.cnn(batch=32), "transformer": lambda: zoo.transformer(batch=8),
+          "inception": lambda: zoo.inception(batch=8, image=16)}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
