@@ -64,6 +64,17 @@ calibrated simulation charges L per copy the rewritten graph makes
 (``sim_time_calibrated_latency_s``; ``copies_rewritten``).  The raw
 (uncalibrated) columns stay.
 
+Issue order.  The planner's simulator runs each direction's copies in the
+plan's order (sorted by first reader), a copy that is not ready holding up
+the ones after it; TensorFlow runs a swap op once its inputs and control
+inputs are done, and the link (or a GPU's copy engine) takes copies in the
+order they were issued, so a copy needed later but triggered earlier goes
+first.  ``sim_time_ready_s``: the calibrated, moved-bytes simulation with
+``simulator.simulate(..., copy_order="ready")``, ``--link-latency`` per copy
+as a completion delay (the emulated link reserves a copy's bytes when the op
+runs and completes it from a timer thread; the next copy's bytes do not wait
+for that).
+
 Peaks: ``sim_live_peak_bytes`` adds the small-tensor pool's peak to the pool
 buffers' live peak; ``sim_live_timed_peak_bytes``
 (``simulator.live_peak_bytes_timed``) counts the small buffers live when they
@@ -119,7 +130,8 @@ FIELDS = ("model", "individual", "draws", "swaps", "swap_out_bytes", "ideal_time
           "copy_bytes", "link_bytes_per_s", "inter_op_threads", "calibration",
           "sim_time_calibrated_s", "ordered_copies", "sim_time_moved_s", "sim_ratio_moved",
           "copy_bytes_moved", "sim_time_calibrated_buffers_s", "sim_live_timed_peak_bytes",
-          "copies_rewritten", "link_latency_s", "sim_time_calibrated_latency_s")
+          "copies_rewritten", "link_latency_s", "sim_time_calibrated_latency_s",
+          "sim_time_ready_s")
 
 
 def study(name: str, count: int, fraction: float, runs: int, threads: int, seed: int,
@@ -216,6 +228,12 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
             stage.graph, plan, dataclasses.replace(spec, copy_latency_s=link_latency_s),
             keep=stage.keep, compiled=scaled, copy_bytes=moved,
             copy_parts=parts).step_time_s if link_latency_s else float("nan")
+        # ... and the copies in the order TF issues them (each when its swap op
+        # is ready), the latency delaying each copy's completion, not its link.
+        sim_ready = simulator.simulate(
+            stage.graph, plan, dataclasses.replace(spec, copy_latency_s=link_latency_s),
+            keep=stage.keep, compiled=scaled, copy_bytes=moved,
+            copy_order="ready").step_time_s if not copies_on_compute else float("nan")
         copies_rewritten = sum(bool(n) for sw in rewritten.swaps
                                for n in (sw.swap_out, sw.swap_in))
         peak = max(measure.transient_peak(md.step_stats) for md in traced.metadata)
@@ -248,14 +266,16 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
             sim_time_calibrated_buffers_s=sim_calibrated_buffers,
             sim_live_timed_peak_bytes=live_timed, copies_rewritten=copies_rewritten,
             link_latency_s=link_latency_s or 0.0,
-            sim_time_calibrated_latency_s=sim_calibrated_latency))
+            sim_time_calibrated_latency_s=sim_calibrated_latency,
+            sim_time_ready_s=sim_ready))
         r = rows[-1]
         print(f"  {name} #{r['individual']:2d}: {r['swaps']:3d} swaps, sim "
               f"{r['sim_time_s'] * 1e3:8.2f} ms, measured {r['measured_time_s'] * 1e3:8.2f} ms"
               f" (x{ratio:.3f} of unmodified, sim x{r['sim_ratio']:.3f}; calibrated x{calibration:.2f}"
               f" {sim_calibrated * 1e3:.2f} ms; moved bytes {r['copy_bytes_moved']} of"
               f" {r['copy_bytes']}, sim {r['sim_time_moved_s'] * 1e3:.2f} ms; {copies_rewritten} copies,"
-              f" calibrated with latency {sim_calibrated_latency * 1e3:.2f} ms);"
+              f" calibrated with latency {sim_calibrated_latency * 1e3:.2f} ms,"
+              f" issue order {sim_ready * 1e3:.2f} ms);"
               f" live timed {live_timed};"
               f" peak sim live {live} pool {r['sim_pool_peak_bytes']} measured "
               f"{r['measured_peak_bytes']}", flush=True)
@@ -295,6 +315,11 @@ def table(rows, streams: bool = False) -> str:
     extra += (" median abs time error (calibrated, moved bytes, per-copy latency) "
               "| max abs time error (same) | orders kept (same) | pairs kept (same) |") \
         if latency else ""
+    ready = not streams and all(r.get("sim_time_ready_s") not in (None, "", "nan")
+                                and np.isfinite(float(r["sim_time_ready_s"])) for r in rows)
+    extra += (" median abs time error (calibrated, moved bytes, issue order) "
+              "| max abs time error (same) | orders kept (same) | pairs kept (same) |") \
+        if ready else ""
     extra += " slowdown sim | slowdown measured |"
     lines = [head + extra, "|" + "---|" * ((head + extra).count("|") - 1)]
     for name in dict.fromkeys(r["model"] for r in rows):
@@ -339,6 +364,9 @@ def table(rows, streams: bool = False) -> str:
             q = fidelity.summary([r["sim_time_calibrated_latency_s"] for r in mine],
                                  [r["measured_time_s"] for r in mine])
             line += _time_columns(q)
+        if ready:
+            line += _time_columns(fidelity.summary([r["sim_time_ready_s"] for r in mine],
+                                                   [r["measured_time_s"] for r in mine]))
         sim_r = [r[ratio_key] for r in mine]
         got_r = [r["measured_ratio"] for r in mine]
         line += (f" {min(sim_r):.2f}-{max(sim_r):.2f} | {min(got_r):.2f}-{max(got_r):.2f} |")

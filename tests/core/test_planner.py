@@ -176,6 +176,32 @@ def test_every_feasible_plan_runs_in_the_reference_simulator(seed, layered, n_op
     assert ev.peak_bytes == res.peak_bytes <= budget
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), layered=st.booleans(), n_ops=st.integers(1, 60),
+       n_params=st.integers(0, 12), fraction=st.floats(0.1, 1.1),
+       kind=st.sampled_from(["tf", "random", "greedy", "mutated"]), host=st.booleans())
+def test_feasible_plans_also_run_with_copies_in_issue_order(seed, layered, n_ops, n_params,
+                                                            fraction, kind, host):
+    """The executor's order (copies as their swap ops become ready, the fidelity
+    model) runs every plan the planner builds for its own order: no deadlock, no
+    object taken twice, the pool's peak within the budget."""
+    rng = np.random.default_rng(seed)
+    g = layered_training_step(12 + 4 * n_ops, seed=seed) if layered \
+        else random_dag(rng, n_ops=n_ops, n_params=n_params)
+    cg = CompiledGraph.build(g)
+    order = some_schedule(g, cg, kind, rng)
+    budget, _ = budgets(cg, order, fraction)
+    alloc = default_allocation(cg, order, budget)
+    try:
+        prog = build_program(cg, order, alloc, SPEC, params_start_on_host=host)
+    except InfeasibleAllocation:
+        return
+    planned = run_program(cg, prog, alloc, SPEC)
+    ready = run_program(cg, prog, alloc, SPEC, copy_order="ready")
+    assert ready.peak_bytes <= budget
+    assert (ready.h2d_bytes, ready.d2h_bytes) == (planned.h2d_bytes, planned.d2h_bytes)
+
+
 def test_a_parameter_comes_back_only_after_its_previous_copy_is_dropped():
     """The memory-greedy order of this step makes the planner drop a parameter and
     bring it back three times in a few ops (the bug of issue #4's follow-up)."""

@@ -1,5 +1,7 @@
 """The three-stream simulator on hand-made plans."""
 
+import dataclasses
+
 import pytest
 
 from tfswap.core.devices import DeviceSpec
@@ -191,3 +193,75 @@ def test_timed_live_peak_counts_small_buffers_only_while_they_live():
     assert live_peak_bytes_timed(r, cg, plan.schedule) == 2 * MB
     with pytest.raises(ValueError, match="events=True"):
         live_peak_bytes_timed(simulate(g, plan, LINK, compiled=cg), cg, plan.schedule)
+
+
+def later_need_ready_first():
+    """Two parameter prefetches, 1 s each on the link: w1 is needed first (by y)
+    but its trigger is q; w2 is needed later (by z) and triggered earlier (p)."""
+    ops = [Op("w1", "ReadVariableOp"), Op("w2", "ReadVariableOp"), Op("p", "X", time_s=0.5),
+           Op("q", "X", ("p:0",), time_s=0.5), Op("y", "X", ("q:0", "w1:0"), time_s=1.0),
+           Op("z", "X", ("y:0", "w2:0"), time_s=1.0)]
+    g = DataflowGraph.build(ops, [Tensor("w1:0", MB, kind="parameter"),
+                                  Tensor("w2:0", MB, kind="parameter")]
+                            + [Tensor(f"{n}:0", MB) for n in "pqyz"])
+    swaps = (Swap("w1:0", out_after="", in_after="q", consumers=("y",), bytes=MB,
+                  kind="prefetch"),
+             Swap("w2:0", out_after="", in_after="p", consumers=("z",), bytes=MB,
+                  kind="prefetch"))
+    return g, Plan(schedule=("w1", "w2", "p", "q", "y", "z"), swaps=swaps,
+                   allocation=Allocation((MB,), (6,)), resident_parameters=())
+
+
+def copies(result):
+    return {e.name: (e.start_s, e.end_s) for e in result.events if e.stream == "h2d"}
+
+
+def test_plan_order_holds_a_ready_copy_behind_the_one_needed_first():
+    g, plan = later_need_ready_first()
+    r = simulate(g, plan, LINK, events=True)
+    assert copies(r) == {"w1:0": (1.0, 2.0), "w2:0": (2.0, 3.0)}
+    assert r.step_time_s == 4.0
+
+
+def test_issue_order_runs_copies_as_they_become_ready_like_the_executor():
+    """TF runs a swap-in as soon as its trigger is done: w2's copy takes the link
+    first and w1's, needed first, queues behind it."""
+    g, plan = later_need_ready_first()
+    r = simulate(g, plan, LINK, events=True, copy_order="ready")
+    assert copies(r) == {"w2:0": (0.5, 1.5), "w1:0": (1.5, 2.5)}
+    assert r.step_time_s == 4.5
+    # The swap-in allocates when it is issued, not when its bytes start moving.
+    w1 = next(e for e in r.allocation_events if e.tensor == "w1:0" and e.is_alloc)
+    assert w1.time_s == 1.0
+
+
+def test_issue_order_latency_delays_completion_not_the_next_copy():
+    g, plan = later_need_ready_first()
+    spec = dataclasses.replace(LINK, copy_latency_s=0.25)
+    ready = simulate(g, plan, spec, events=True, copy_order="ready")
+    assert copies(ready) == {"w2:0": (0.5, 1.75), "w1:0": (1.5, 2.75)}
+    assert ready.step_time_s == 4.75
+    # The planner's model: the latency holds the stream before the bytes.
+    planned = simulate(g, plan, spec, events=True)
+    assert copies(planned) == {"w1:0": (1.0, 2.25), "w2:0": (2.25, 3.5)}
+    assert planned.step_time_s == 4.5
+
+
+def test_issue_order_equals_plan_order_where_they_agree():
+    g = chain()
+    swap = Swap("a:0", out_after="b", in_after="b", consumers=("d",), bytes=MB)
+    plan = Plan(schedule=("a", "b", "c", "d"), swaps=(swap,), allocation=Allocation((MB,), (3,)))
+    planned, ready = (simulate(g, plan, LINK, events=True, copy_order=o)
+                      for o in ("plan", "ready"))
+    assert planned.step_time_s == ready.step_time_s == 7.0
+    assert set(planned.events) == set(ready.events)
+    assert set(planned.allocation_events) == set(ready.allocation_events)
+    assert planned.peak_bytes == ready.peak_bytes
+
+
+def test_copy_order_is_validated():
+    g, plan = later_need_ready_first()
+    with pytest.raises(ValueError, match="copy_order"):
+        simulate(g, plan, LINK, copy_order="fifo")
+    with pytest.raises(ValueError, match="compute stream"):
+        simulate(g, plan, dataclasses.replace(LINK, copies_on_compute=True), copy_order="ready")

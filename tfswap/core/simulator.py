@@ -16,6 +16,12 @@ as its stream is free and its dependencies are done:
 * swap-out: the op after which it is released (a drop takes no link time:
   it is done when that op is).
 
+That is the planner's model (``copy_order="plan"``).  ``copy_order="ready"``
+is how TensorFlow runs the rewritten graph, for fidelity studies: each copy
+joins its direction's queue when its swap op becomes ready (a swap-in then
+takes its object), and its latency delays its completion, not the next copy
+(:func:`simulate`).
+
 A device whose copies run on the compute stream (``copies_on_compute``: the
 emulated device with one executor thread) has one stream: one item at a
 time, a ready swap-out, then a ready swap-in, before the next op, each
@@ -45,6 +51,9 @@ Example::
 
 from __future__ import annotations
 
+import heapq
+import itertools
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,14 +110,25 @@ class SimResult:
     allocation_events: tuple[AllocationEvent, ...] = ()
 
 
+COPY_ORDERS = ("plan", "ready")
+
+
 def run_program(cg: CompiledGraph, prog: Program, allocation: Allocation, spec: DeviceSpec,
-                events: bool = False, moved: tuple | None = None) -> SimResult:
+                events: bool = False, moved: tuple | None = None,
+                copy_order: str = "plan") -> SimResult:
     """Simulate ``prog`` (the reference simulator; the native one follows it).
     ``moved``: (bytes of each ``prog.outs`` record, of each ``prog.ins`` record)
     that the copies move, where they differ from their buffers' (see
-    :func:`simulate`'s ``copy_bytes``); None: the buffers' bytes."""
+    :func:`simulate`'s ``copy_bytes``); None: the buffers' bytes.
+    ``copy_order``: see :func:`simulate`."""
+    if copy_order not in COPY_ORDERS:
+        raise ValueError(f"copy_order must be one of {COPY_ORDERS}, got {copy_order!r}")
+    if copy_order == "ready" and spec.copies_on_compute:
+        raise ValueError("copy_order='ready' queues copies on their own streams; this "
+                         "device runs them on the compute stream (copies_on_compute)")
     buf_class = buffer_classes(cg, allocation).tolist()
-    core = _simulate(cg, prog, buf_class, allocation, spec, events, moved)
+    core = _simulate(cg, prog, buf_class, allocation, spec, events, moved,
+                     copy_order == "ready")
     return SimResult(ideal_time_s=ideal_time(cg, prog.order), **core)
 
 
@@ -124,7 +144,7 @@ def ideal_time(cg: CompiledGraph, order: Sequence[int]) -> float:
     return t
 
 
-def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None):
+def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_order=False):
     order = prog.order
     n = len(order)
     times = [float(cg.op_time[o]) for o in order]
@@ -227,6 +247,13 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None):
     h2d_bytes = d2h_bytes = 0
     lat = float(spec.copy_latency_s)
     serial = spec.copies_on_compute
+    h_cur = d_cur = -1             # the copy each link stream is moving
+    # Issue order (``ready_order``): copies not yet issued, in plan order; each
+    # direction's queue of issued copies; copies whose bytes have moved and
+    # that complete a latency later (time, sequence, is swap-in, index).
+    pend_in, pend_out = list(range(len(ins))), list(d2h_list)
+    h_q, d_q, completing = deque(), deque(), []
+    tickets = itertools.count()
 
     def start_op():
         nonlocal c_run, c_start, c_end, recompute_s
@@ -262,37 +289,88 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None):
         c_run, c_start, c_end = True, t + extra, t + extra + times[kc]
         return True
 
-    def start_in():
-        nonlocal h_run, h_start, h_rem, h_lat, h2d_bytes
-        if h_run or hi >= len(ins):
-            return False
-        r = ins[hi]
-        if not ((r.trigger < 0 or op_done[r.trigger]) and all(out_done(j) for j in r.waits)
-                and (r.own_out < 0 or out_done(r.own_out))):
-            return False
+    def in_ready(r):
+        return ((r.trigger < 0 or op_done[r.trigger]) and all(out_done(j) for j in r.waits)
+                and (r.own_out < 0 or out_done(r.own_out)))
+
+    def take_in(r):
         if r.buf in arrived:
             raise PlanError(f"swap-in of {cg.buf_names[r.buf]!r} while it is "
                             "still on the device")
         take(r.buf, t)
-        h_run, h_start, h_rem, h_lat = True, t, float(in_moved[hi]), lat * in_parts[hi]
-        h2d_bytes += int(in_moved[hi])
+
+    def issue():
+        # A swap op runs (and a swap-in allocates its buffer) once its inputs
+        # and control inputs are done, whatever the plan's order; its copy
+        # joins its direction's queue then.  A swap-in whose class has no free
+        # object waits for one (the plan's waits normally make room first).
+        issued = False
+        for i in [i for i in pend_in if in_ready(ins[i])]:
+            if not stack[buf_class[ins[i].buf]]:
+                continue
+            take_in(ins[i])
+            h_q.append(i)
+            pend_in.remove(i)
+            issued = True
+        for j in [j for j in pend_out if op_done[outs[j].out_after]]:
+            d_q.append(j)
+            pend_out.remove(j)
+            issued = True
+        return issued
+
+    def start_in():
+        nonlocal h_run, h_start, h_rem, h_lat, h2d_bytes, h_cur
+        if ready_order:
+            if h_run or not h_q:
+                return False
+            h_cur = h_q.popleft()
+        else:
+            if h_run or hi >= len(ins) or not in_ready(ins[hi]):
+                return False
+            take_in(ins[hi])
+            h_cur = hi
+        # Issue order: the latency delays the copy's completion, not the link.
+        h_run, h_start, h_rem = True, t, float(in_moved[h_cur])
+        h_lat = 0.0 if ready_order else lat * in_parts[h_cur]
+        h2d_bytes += int(in_moved[h_cur])
         return True
 
     def start_out():
-        nonlocal d_run, d_start, d_rem, d_lat, d2h_bytes
-        if d_run or di >= len(d2h_list) or not op_done[outs[d2h_list[di]].out_after]:
-            return False
-        o = outs[d2h_list[di]]
-        d_run, d_start, d_rem, d_lat = (True, t, float(out_moved[d2h_list[di]]),
-                                        lat * out_parts[d2h_list[di]])
-        d2h_bytes += int(out_moved[d2h_list[di]])
+        nonlocal d_run, d_start, d_rem, d_lat, d2h_bytes, d_cur
+        if ready_order:
+            if d_run or not d_q:
+                return False
+            d_cur = d_q.popleft()
+        else:
+            if d_run or di >= len(d2h_list) or not op_done[outs[d2h_list[di]].out_after]:
+                return False
+            d_cur = d2h_list[di]
+        d_run, d_start, d_rem = True, t, float(out_moved[d_cur])
+        d_lat = 0.0 if ready_order else lat * out_parts[d_cur]
+        d2h_bytes += int(out_moved[d_cur])
         return True
+
+    def finish_in(i, start, end):
+        r = ins[i]
+        if record:
+            ev.append(SimEvent("h2d", cg.buf_names[r.buf], start, end, int(bb[r.buf])))
+        arrived[r.buf] = True
+        in_done[i] = True
+
+    def finish_out(j, start, end):
+        if record:
+            ev.append(SimEvent("d2h", cg.buf_names[outs[j].buf], start, end,
+                               int(bb[outs[j].buf])))
+        give(outs[j].buf, end)
+        out_fin[j] = True
 
     # With copies on the compute stream one item runs at a time, a ready
     # copy before the next op (they become ready when the same op ends; the
     # copies first keeps each object's take and release where the three-stream
     # model has them).
     starters = (start_out, start_in, start_op) if serial else (start_op, start_in, start_out)
+    if ready_order:
+        starters = (issue,) + starters
     while True:
         started = True
         while started:
@@ -302,7 +380,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None):
                     break
                 if start():
                     started = True
-        if not (c_run or h_run or d_run):
+        if not (c_run or h_run or d_run or completing):
             break
         rh = spec.h2d_bytes_per_s if not d_run else min(spec.h2d_bytes_per_s,
                                                         spec.duplex_bytes_per_s / 2)
@@ -311,7 +389,8 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None):
         # A copy holds its stream for its latency, then moves its bytes.
         th = t + h_lat + h_rem / rh if h_run else float("inf")
         td = t + d_lat + d_rem / rd if d_run else float("inf")
-        te = min(c_end if c_run else float("inf"), th, td)
+        te = min(c_end if c_run else float("inf"), th, td,
+                 completing[0][0] if completing else float("inf"))
         dt = te - t
         if c_run and c_end == te:
             o = order[kc]
@@ -328,13 +407,13 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None):
             kc += 1
         if h_run:
             if th == te:
-                r = ins[hi]
-                if record:
-                    ev.append(SimEvent("h2d", cg.buf_names[r.buf], h_start, te, int(bb[r.buf])))
-                arrived[r.buf] = True
-                in_done[hi] = True
+                if ready_order:
+                    heapq.heappush(completing, (te + lat, next(tickets), True, h_cur, h_start))
+                    hi += 1
+                else:
+                    finish_in(h_cur, h_start, te)
+                    hi += 1
                 h_run = False
-                hi += 1
             elif dt <= h_lat:
                 h_lat -= dt
             else:
@@ -342,12 +421,10 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None):
                 h_lat = 0.0
         if d_run:
             if td == te:
-                j = d2h_list[di]
-                if record:
-                    ev.append(SimEvent("d2h", cg.buf_names[outs[j].buf], d_start, te,
-                                       int(bb[outs[j].buf])))
-                give(outs[j].buf, te)
-                out_fin[j] = True
+                if ready_order:
+                    heapq.heappush(completing, (te + lat, next(tickets), False, d_cur, d_start))
+                else:
+                    finish_out(d_cur, d_start, te)
                 d_run = False
                 di += 1
             elif dt <= d_lat:
@@ -355,6 +432,9 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None):
             else:
                 d_rem -= rd * (dt - d_lat)
                 d_lat = 0.0
+        while completing and completing[0][0] <= te:
+            _, _, is_in, idx, start = heapq.heappop(completing)
+            (finish_in if is_in else finish_out)(idx, start, te)
         t = te
     if kc < n or hi < len(ins) or di < len(d2h_list):
         raise PlanError("the plan deadlocks: some op or copy waits for something that never "
@@ -423,7 +503,8 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
              keep: Sequence[str] = (), allocation: Allocation | None = None,
              compiled: CompiledGraph | None = None,
              copy_bytes: dict[str, int] | None = None,
-             copy_parts: dict[str, int] | None = None) -> SimResult:
+             copy_parts: dict[str, int] | None = None,
+             copy_order: str = "plan") -> SimResult:
     """Simulate ``plan`` on ``graph``.
 
     ``copy_bytes``: swap id -> bytes its copies move, where that is not the
@@ -435,6 +516,18 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
     (one per value moved), each paying the device's ``copy_latency_s``; 1
     where not given.  Python simulator only (what fidelity studies use); the
     planner's native simulator prices one copy of the buffer.
+
+    ``copy_order``: "plan" (the planner's model, what the native simulator
+    does): each direction's copies run in the plan's stream order, a copy
+    that is not ready holding up the ones after it, and a copy's latency
+    holds its stream.  "ready" (how TensorFlow runs the rewritten graph): a
+    swap op runs once its inputs and control inputs are done, a swap-in then
+    allocates its buffer, and its copy joins its direction's queue, so copies
+    run in the order they became ready (ties in plan order), on a GPU's copy
+    stream as on the emulated link; the latency delays the copy's completion,
+    not the next copy (the emulated link reserves the bytes when the op runs
+    and completes it from a timer).  ``copy_parts`` does not apply: a split
+    swap's parts are issued together.  Python simulator only.
 
     The pool is ``plan.allocation`` (or ``allocation``).  A version-1 plan has
     neither an allocation nor resident parameters: it is simulated with every
@@ -470,4 +563,5 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
         ins_w = [in_b.get((r.buf, r.need), (int(bb[r.buf]), 1)) for r in prog.ins]
         moved = ([w[0] for w in outs_w], [w[0] for w in ins_w],
                  [w[1] for w in outs_w], [w[1] for w in ins_w])
-    return run_program(cg, prog, allocation, spec, events=events, moved=moved)
+    return run_program(cg, prog, allocation, spec, events=events, moved=moved,
+                       copy_order=copy_order)
