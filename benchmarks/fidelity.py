@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/fidelity.py [--models cnn,bert,lstm] [--count 20]
         [--fraction 0.6] [--runs 5] [--inter-op-threads 1] [--out benchmarks/out]
         [--copy-latency 15e-6] [--copy-streams] [--link-bandwidth BYTES_PER_S]
-        [--link-latency SECONDS] [--ordered-copies] [--csv-name fidelity.csv]
+        [--link-latency SECONDS] [--issue-cost SECONDS] [--ordered-copies]
+        [--csv-name fidelity.csv]
 
 On the emulated device (CPU:0 plays the device, CPU:1 the host), for each
 model: measure the unmodified step's device peak, profile it with the trace
@@ -73,7 +74,9 @@ first.  ``sim_time_ready_s``: the calibrated, moved-bytes simulation with
 ``simulator.simulate(..., copy_order="ready")``, ``--link-latency`` per copy
 as a completion delay (the emulated link reserves a copy's bytes when the op
 runs and completes it from a timer thread; the next copy's bytes do not wait
-for that).
+for that), and ``--issue-cost`` seconds of compute per copy the rewritten
+graph makes (the swap op's CPU work on the cores the compute uses;
+``benchmarks/link_latency.py --overhead`` measures it).
 
 Peaks: ``sim_live_peak_bytes`` adds the small-tensor pool's peak to the pool
 buffers' live peak; ``sim_live_timed_peak_bytes``
@@ -131,12 +134,13 @@ FIELDS = ("model", "individual", "draws", "swaps", "swap_out_bytes", "ideal_time
           "sim_time_calibrated_s", "ordered_copies", "sim_time_moved_s", "sim_ratio_moved",
           "copy_bytes_moved", "sim_time_calibrated_buffers_s", "sim_live_timed_peak_bytes",
           "copies_rewritten", "link_latency_s", "sim_time_calibrated_latency_s",
-          "sim_time_ready_s")
+          "sim_time_ready_s", "issue_cost_s")
 
 
 def study(name: str, count: int, fraction: float, runs: int, threads: int, seed: int,
           calibrate: bool, copy_latency_s: float, copies_on_compute: bool,
-          link: float | None = None, ordered: bool = False, link_latency_s: float = 0.0):
+          link: float | None = None, ordered: bool = False, link_latency_s: float = 0.0,
+          issue_cost_s: float = 0.0):
     """Rows (dicts of FIELDS) for ``count`` random individuals of model ``name``;
     ``link``: the emulated link's bytes/s (None: plain memcpys)."""
     step = MODELS[name]()
@@ -232,8 +236,9 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
         # is ready), the latency delaying each copy's completion, not its link.
         sim_ready = simulator.simulate(
             stage.graph, plan, dataclasses.replace(spec, copy_latency_s=link_latency_s),
-            keep=stage.keep, compiled=scaled, copy_bytes=moved,
-            copy_order="ready").step_time_s if not copies_on_compute else float("nan")
+            keep=stage.keep, compiled=scaled, copy_bytes=moved, copy_parts=parts,
+            copy_order="ready", issue_cost_s=issue_cost_s).step_time_s \
+            if not copies_on_compute else float("nan")
         copies_rewritten = sum(bool(n) for sw in rewritten.swaps
                                for n in (sw.swap_out, sw.swap_in))
         peak = max(measure.transient_peak(md.step_stats) for md in traced.metadata)
@@ -267,7 +272,7 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
             sim_live_timed_peak_bytes=live_timed, copies_rewritten=copies_rewritten,
             link_latency_s=link_latency_s or 0.0,
             sim_time_calibrated_latency_s=sim_calibrated_latency,
-            sim_time_ready_s=sim_ready))
+            sim_time_ready_s=sim_ready, issue_cost_s=issue_cost_s))
         r = rows[-1]
         print(f"  {name} #{r['individual']:2d}: {r['swaps']:3d} swaps, sim "
               f"{r['sim_time_s'] * 1e3:8.2f} ms, measured {r['measured_time_s'] * 1e3:8.2f} ms"
@@ -409,6 +414,10 @@ def main():
                         help="seconds each copy of the rewritten graph costs on the emulated "
                              "link beyond its bytes (benchmarks/link_latency.py): one more "
                              "calibrated column with it")
+    parser.add_argument("--issue-cost", type=float, default=0.0,
+                        help="seconds of compute each copy of the rewritten graph costs when "
+                             "issued (benchmarks/link_latency.py --overhead), in the "
+                             "issue-order column")
     parser.add_argument("--ordered-copies", action="store_true",
                         help="rewrite with ordered_copies=True: each direction's copies "
                              "chained in the simulator's stream order")
@@ -434,6 +443,8 @@ def main():
             print(table(rows, streams=True))
         return
     link = args.link_bandwidth
+    if not 0 <= args.issue_cost < float("inf"):
+        parser.error(f"--issue-cost must be a number of seconds >= 0, got {args.issue_cost}")
     if link is not None and not 0 < link < float("inf"):
         parser.error(f"--link-bandwidth must be a positive number of bytes/s, got {link}")
     latency = args.copy_latency if args.copy_latency is not None \
@@ -447,7 +458,7 @@ def main():
         t0 = time.perf_counter()
         rows += study(name, args.count, args.fraction, args.runs, threads,
                       args.seed, not args.uncalibrated, latency, on_compute, link,
-                      args.ordered_copies, args.link_latency)
+                      args.ordered_copies, args.link_latency, args.issue_cost)
         print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
         with path.open("w", newline="") as f:   # after each model: a long run keeps its rows
             writer = csv.DictWriter(f, fieldnames=FIELDS)

@@ -1,7 +1,7 @@
 """Per-copy cost of the emulated link beyond its bytes (for the simulator's copy_latency_s).
 
     .venv/bin/python benchmarks/link_latency.py [--bandwidth 200e6] [--bytes 16384 65536]
-        [--copies 200] [--threads 2] [--repeats 7]
+        [--copies 200] [--threads 2] [--repeats 7] [--overhead]
 
 A chain of ``--copies`` dependent copies (swap-out, swap-in, swap-out, ...: each
 copy reads the previous one's output, so nothing overlaps and the link is never
@@ -11,6 +11,15 @@ run in a ``tf.compat.v1.Session`` with ``--threads`` inter-op threads as
 copies * bytes / bandwidth, over the copies, is what one copy costs beyond its
 bytes: the executor's dispatch of the op, the timer thread's wake-up and the
 hand-back to the executor.  Median of ``--repeats`` runs after a warm-up.
+
+``--overhead``: what a copy costs the compute beside it.  A chain of 2000
+small MatMuls (an LSTM cell's, 16x64 by 64x256, each reading the previous
+one) runs alone, then with ``--copies`` swap-outs of its intermediate results
+spread along it (each followed by its swap-in, read only by a sum after the
+chain, so no MatMul waits for a copy).  The chain's extra time over the
+copies is the CPU the executor spends on a swap op (dispatch, allocation,
+memcpy, the timer thread's hand-back) taken from the compute on this 2-core
+machine.  Median of ``--repeats`` alternating runs of each.
 """
 
 import argparse
@@ -54,6 +63,47 @@ def chain_time(nbytes: int, copies: int, bw: float, threads: int, repeats: int) 
     return float(np.median(times))
 
 
+BUSY_SHAPES = ((16, 64), (64, 256))   # an LSTM cell's input projection, batch 16
+CHAIN = 2000
+
+
+def overhead_per_copy(nbytes: int, copies: int, bw: float, threads: int,
+                      repeats: int) -> tuple[float, float]:
+    """(chain alone, extra time per copy) in seconds: module docstring."""
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(emulate.DEVICE):
+        w = tf.constant(np.full(BUSY_SHAPES[1], 1e-3, np.float32))
+        h = tf.compat.v1.placeholder(tf.float32, BUSY_SHAPES[0])
+        payload = tf.compat.v1.placeholder(tf.float32, [nbytes // 4])
+        every = max(1, CHAIN // max(1, copies))
+        back = []
+        for k in range(CHAIN):
+            h = tf.matmul(h, w)[:, :BUSY_SHAPES[0][1]]
+            if k % every == 0 and len(back) < copies // 2:
+                # The copy's bytes: the payload, made ready by this MatMul.
+                with tf.control_dependencies([h]):
+                    src = tf.identity(payload)
+                back.append(ops.swap_in(ops.swap_out(src, link_bytes_per_s=bw),
+                                        link_bytes_per_s=bw))
+        alone = tf.reduce_sum(h)
+        with_copies = [alone] + [tf.reduce_sum(b) for b in back]
+    cfg = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads,
+                                   use_per_session_threads=True)
+    cfg.device_count["CPU"] = 2
+    feed = {h.op.graph.get_tensor_by_name("Placeholder:0"): np.ones(BUSY_SHAPES[0], np.float32),
+            payload: np.ones(nbytes // 4, np.float32)}
+    t_alone, t_with = [], []
+    with tf.compat.v1.Session(graph=graph, config=cfg) as sess:
+        sess.run(with_copies, feed)
+        for _ in range(repeats):
+            for fetch, times in ((alone, t_alone), (with_copies, t_with)):
+                start = time.perf_counter()
+                sess.run(fetch, feed)
+                times.append(time.perf_counter() - start)
+    base = float(np.median(t_alone))
+    return base, (float(np.median(t_with)) - base) / (2 * len(back))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,8 +112,19 @@ def main():
     parser.add_argument("--copies", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--overhead", action="store_true",
+                        help="measure what a copy costs the compute beside it instead")
     args = parser.parse_args()
     ops.load()
+    if args.overhead:
+        print("| bytes | copies | MatMul chain alone (ms) | extra per copy (us) |")
+        print("|---|---|---|---|")
+        for nbytes in args.bytes:
+            base, extra = overhead_per_copy(nbytes, args.copies, args.bandwidth,
+                                            args.threads, args.repeats)
+            print(f"| {nbytes} | {args.copies} | {base * 1e3:.2f} | {extra * 1e6:.1f} |",
+                  flush=True)
+        return
     print("| bytes | copies | chain (ms) | bytes / bandwidth (ms) | per copy beyond its bytes (us) |")
     print("|---|---|---|---|---|")
     for nbytes in args.bytes:

@@ -265,3 +265,18 @@ def test_copy_order_is_validated():
         simulate(g, plan, LINK, copy_order="fifo")
     with pytest.raises(ValueError, match="compute stream"):
         simulate(g, plan, dataclasses.replace(LINK, copies_on_compute=True), copy_order="ready")
+
+
+def test_issue_cost_slows_the_op_running_and_is_absorbed_by_a_wait():
+    """Each issued copy costs the compute 0.1 s: q, starting as w2's copy is
+    issued, pays it; y waits for w1's copy anyway, so w1's cost is absorbed."""
+    g, plan = later_need_ready_first()
+    r = simulate(g, plan, LINK, events=True, copy_order="ready", issue_cost_s=0.1)
+    ran = {e.name: (e.start_s, e.end_s) for e in r.events if e.stream == "compute"}
+    assert ran["q"] == (0.5, 1.1) and ran["y"] == (2.5, 3.5)
+    assert copies(r) == {"w2:0": (0.5, 1.5), "w1:0": (1.5, 2.5)}
+    assert r.step_time_s == 4.5
+    with pytest.raises(ValueError, match="copy_order='ready'"):
+        simulate(g, plan, LINK, issue_cost_s=0.1)
+    with pytest.raises(ValueError, match="issue_cost_s"):
+        simulate(g, plan, LINK, copy_order="ready", issue_cost_s=-1.0)

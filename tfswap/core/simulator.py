@@ -115,20 +115,26 @@ COPY_ORDERS = ("plan", "ready")
 
 def run_program(cg: CompiledGraph, prog: Program, allocation: Allocation, spec: DeviceSpec,
                 events: bool = False, moved: tuple | None = None,
-                copy_order: str = "plan") -> SimResult:
+                copy_order: str = "plan", issue_cost_s: float = 0.0) -> SimResult:
     """Simulate ``prog`` (the reference simulator; the native one follows it).
     ``moved``: (bytes of each ``prog.outs`` record, of each ``prog.ins`` record)
     that the copies move, where they differ from their buffers' (see
     :func:`simulate`'s ``copy_bytes``); None: the buffers' bytes.
-    ``copy_order``: see :func:`simulate`."""
+    ``copy_order``, ``issue_cost_s``: see :func:`simulate`."""
     if copy_order not in COPY_ORDERS:
         raise ValueError(f"copy_order must be one of {COPY_ORDERS}, got {copy_order!r}")
+    if not (issue_cost_s >= 0 and np.isfinite(issue_cost_s)):
+        raise ValueError(f"issue_cost_s must be a finite number of seconds >= 0, got "
+                         f"{issue_cost_s!r}")
+    if issue_cost_s and copy_order != "ready":
+        raise ValueError("issue_cost_s is a cost of issuing copies in the executor's order: "
+                         "pass copy_order='ready' with it")
     if copy_order == "ready" and spec.copies_on_compute:
         raise ValueError("copy_order='ready' queues copies on their own streams; this "
                          "device runs them on the compute stream (copies_on_compute)")
     buf_class = buffer_classes(cg, allocation).tolist()
     core = _simulate(cg, prog, buf_class, allocation, spec, events, moved,
-                     copy_order == "ready")
+                     copy_order == "ready", float(issue_cost_s))
     return SimResult(ideal_time_s=ideal_time(cg, prog.order), **core)
 
 
@@ -144,7 +150,8 @@ def ideal_time(cg: CompiledGraph, order: Sequence[int]) -> float:
     return t
 
 
-def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_order=False):
+def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_order=False,
+              issue_cost_s=0.0):
     order = prog.order
     n = len(order)
     times = [float(cg.op_time[o]) for o in order]
@@ -254,9 +261,20 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
     pend_in, pend_out = list(range(len(ins))), list(d2h_list)
     h_q, d_q, completing = deque(), deque(), []
     tickets = itertools.count()
+    # Compute time the issued swap ops owe the compute stream (``issue_cost_s``),
+    # as of ``debt_t``: paid by the op that runs then, absorbed while it waits.
+    debt, debt_t = 0.0, 0.0
+
+    def charge(parts):
+        nonlocal c_end, debt, debt_t
+        cost = issue_cost_s * parts
+        if c_run:
+            c_end += cost
+        else:
+            debt, debt_t = max(0.0, debt - (t - debt_t)) + cost, t
 
     def start_op():
-        nonlocal c_run, c_start, c_end, recompute_s
+        nonlocal c_run, c_start, c_end, recompute_s, debt
         if c_run or kc >= n or not all(in_done[i] for i in need_of[kc]) or not all(
                 out_done(j) for j in waits_of[kc]):
             return False
@@ -286,7 +304,9 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
         for b in allocs[kc]:
             take(b, t)
             arrived[b] = True
-        c_run, c_start, c_end = True, t + extra, t + extra + times[kc]
+        owed = max(0.0, debt - (t - debt_t)) if debt else 0.0
+        debt = 0.0
+        c_run, c_start, c_end = True, t + extra, t + extra + times[kc] + owed
         return True
 
     def in_ready(r):
@@ -311,10 +331,12 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
             take_in(ins[i])
             h_q.append(i)
             pend_in.remove(i)
+            charge(in_parts[i])
             issued = True
         for j in [j for j in pend_out if op_done[outs[j].out_after]]:
             d_q.append(j)
             pend_out.remove(j)
+            charge(out_parts[j])
             issued = True
         return issued
 
@@ -504,7 +526,7 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
              compiled: CompiledGraph | None = None,
              copy_bytes: dict[str, int] | None = None,
              copy_parts: dict[str, int] | None = None,
-             copy_order: str = "plan") -> SimResult:
+             copy_order: str = "plan", issue_cost_s: float = 0.0) -> SimResult:
     """Simulate ``plan`` on ``graph``.
 
     ``copy_bytes``: swap id -> bytes its copies move, where that is not the
@@ -526,8 +548,13 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
     run in the order they became ready (ties in plan order), on a GPU's copy
     stream as on the emulated link; the latency delays the copy's completion,
     not the next copy (the emulated link reserves the bytes when the op runs
-    and completes it from a timer).  ``copy_parts`` does not apply: a split
-    swap's parts are issued together.  Python simulator only.
+    and completes it from a timer).  A split swap's parts are issued together.
+    ``issue_cost_s`` (with "ready"): the compute time each copy the rewrite
+    makes (``copy_parts``) costs when it is issued: on the emulated device the
+    swap op's CPU work (dispatch, allocation, memcpy, completion) runs on the
+    cores the compute runs on (``benchmarks/link_latency.py --overhead``
+    measures it).  The op running then ends that much later; a compute stream
+    waiting for a copy absorbs it.  Python simulator only.
 
     The pool is ``plan.allocation`` (or ``allocation``).  A version-1 plan has
     neither an allocation nor resident parameters: it is simulated with every
@@ -564,4 +591,4 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
         moved = ([w[0] for w in outs_w], [w[0] for w in ins_w],
                  [w[1] for w in outs_w], [w[1] for w in ins_w])
     return run_program(cg, prog, allocation, spec, events=events, moved=moved,
-                       copy_order=copy_order)
+                       copy_order=copy_order, issue_cost_s=issue_cost_s)
