@@ -260,3 +260,11 @@ def test_random_individuals_are_topological_orders_with_allocations_in_the_budge
     assert len(seen) > 1
     again = search.random_individuals(g, budget, seed=5, compiled=cg)
     assert next(again) == next(search.random_individuals(g, budget, seed=5, compiled=cg))
+
+
+def test_random_individuals_stop_with_an_error_when_none_fits():
+    g, cg, budget = step_graph()
+    with pytest.raises(ValueError, match="give a larger budget"):
+        next(search.random_individuals(g, 1, seed=5, compiled=cg, max_misses=20))
+    with pytest.raises(ValueError, match="max_misses"):
+        next(search.random_individuals(g, budget, compiled=cg, max_misses=0))

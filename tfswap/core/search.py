@@ -379,12 +379,13 @@ def _random_individual(problem: _Problem, mode: str, base_order: np.ndarray,
 def random_individuals(graph: DataflowGraph, budget_bytes: int, *,
                        initial_schedule: Sequence[str] | None = None, keep: Sequence[str] = (),
                        small_threshold_bytes: int = 1 << 20, seed: int = 0,
-                       compiled: CompiledGraph | None = None):
+                       compiled: CompiledGraph | None = None, max_misses: int = 1000):
     """Endless (schedule op names, Allocation) pairs drawn as the search's first
     generation draws them (TF's order or the memory-greedy order, mutated at a
     random rate; a random class map; counts cut to ``budget_bytes``).  Pairs
-    whose allocation cannot fit the budget are skipped.  For studies of the
-    simulator against measurement (``benchmarks/fidelity.py``).
+    whose allocation cannot fit the budget are skipped; ``max_misses`` such
+    draws in a row raise ValueError (the budget is too small for random orders).
+    For studies of the simulator against measurement (``benchmarks/fidelity.py``).
 
     Example::
 
@@ -401,12 +402,21 @@ def random_individuals(graph: DataflowGraph, budget_bytes: int, *,
     default_order = cg.order_of(initial_schedule).astype(np.int64)
     start_cls = problem.default(default_order).cls
     bases = [default_order, genetics.memory_greedy_schedule(graph, dag, tie_break=default_order)]
-    k = 0
+    if max_misses < 1:
+        raise ValueError(f"max_misses must be >= 1, got {max_misses}")
+    k = misses = 0
     while True:
         ind = _random_individual(problem, "joint", bases[k % len(bases)], start_cls, rng, tb)
         k += 1
         if ind.allocation is not None:
+            misses = 0
             yield [graph.ops[int(o)].name for o in ind.schedule], ind.allocation
+            continue
+        misses += 1
+        if misses >= max_misses:
+            raise ValueError(f"{misses} random individuals in a row do not fit "
+                             f"{budget_bytes} bytes (their small-tensor pool and the "
+                             "objects one op needs at once); give a larger budget")
 
 
 def _offspring(problem: _Problem, cfg: SearchConfig, population: list[Individual],
