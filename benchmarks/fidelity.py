@@ -123,8 +123,6 @@ MODELS = {
     "inception": lambda: zoo.inception(batch=16, image=32),
     "bert": lambda: zoo.bert(batch=16, seq=128, dim=128, layers=2),
     "lstm": lambda: zoo.lstm(batch=16, steps=24, features=32, units=64, layers=4),
-    "brnn": lambda: zoo.lstm(batch=16, steps=24, features=32, units=64, layers=2,
-                             bidirectional=True),
 }
 FIELDS = ("model", "individual", "draws", "swaps", "swap_out_bytes", "ideal_time_s",
           "sim_time_s", "measured_time_s", "measured_times_s", "sim_pool_peak_bytes",

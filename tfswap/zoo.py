@@ -236,20 +236,11 @@ def bert(batch: int = 4, seq: int = 64, dim: int = 128, heads: int = 4, layers: 
 
 @_homed
 def lstm(batch: int = 8, steps: int = 16, features: int = 32, units: int = 64,
-         layers: int = 2, classes: int = 10, unroll: bool = True, bidirectional: bool = False,
-         seed: int = 0) -> TrainStep:
+         layers: int = 2, classes: int = 10, unroll: bool = True, seed: int = 0) -> TrainStep:
     """A stack of LSTMs over ``steps`` time steps, then Dense on the last state.
 
     ``unroll=True`` builds one cell per time step (no control flow);
     ``unroll=False`` keeps Keras's ``While`` loop (functional control flow).
-    ``bidirectional=True``: each layer runs one LSTM forward and one backward in
-    time and concatenates them (SwapAdvisor's BRNN); the two chains leave the
-    schedule freedom a one-way stack does not.
-
-    Example::
-
-        step = zoo.lstm(batch=16, steps=24, layers=2, bidirectional=True)
-        step.concrete_fn(*step.batch)      # one Adam step, returns {"loss": ...}
     """
     import keras
 
@@ -257,16 +248,14 @@ def lstm(batch: int = 8, steps: int = 16, features: int = 32, units: int = 64,
     L = keras.layers
     stack = [keras.Input((steps, features))]
     for k in range(layers):
-        layer = L.LSTM(units, return_sequences=k < layers - 1, unroll=unroll)
-        stack.append(L.Bidirectional(layer) if bidirectional else layer)
+        stack.append(L.LSTM(units, return_sequences=k < layers - 1, unroll=unroll))
     stack.append(L.Dense(classes))
-    name = ("brnn" if bidirectional else "lstm") + ("" if unroll else "_loop")
-    model = keras.Sequential(stack, name=name)
+    model = keras.Sequential(stack, name="lstm" if unroll else "lstm_loop")
     rng = np.random.default_rng(seed)
     data = (rng.standard_normal((batch, steps, features), dtype=np.float32),
             rng.integers(0, classes, batch).astype(np.int32))
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return _train_step(name, model, data, loss)
+    return _train_step("lstm" if unroll else "lstm_loop", model, data, loss)
 
 
 MODELS = {"cnn": cnn, "inception": inception, "transformer": transformer,
