@@ -1,6 +1,6 @@
 """Simulator fidelity (issue #7 part 5, SwapAdvisor Fig. 11): simulated against measured.
 
-    .venv/bin/python benchmarks/fidelity.py [--models cnn,bert,lstm] [--count 20]
+    .venv/bin/python benchmarks/fidelity.py [--models cnn,inception,bert,lstm] [--count 20]
         [--fraction 0.6] [--runs 5] [--inter-op-threads 1] [--out benchmarks/out]
         [--copy-latency 15e-6] [--copy-streams] [--link-bandwidth BYTES_PER_S]
         [--link-latency SECONDS] [--issue-cost SECONDS] [--ordered-copies]
@@ -117,7 +117,8 @@ from tfswap.tf import profile as profiler  # noqa: E402
 from tfswap.tf.profile import _node_nanos  # noqa: E402
 
 # Sizes whose step runs in well under a second here, with activations (not
-# parameters, which stay on the device) making most of the peak.
+# parameters, which stay on the device) making most of the peak.  "cnn" is a
+# chain: its random individuals make one plan; "inception" has branches.
 MODELS = {
     "cnn": lambda: zoo.cnn(batch=32, image=32),
     "inception": lambda: zoo.inception(batch=16, image=32),
