@@ -258,7 +258,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
     # Issue order (``ready_order``): copies not yet issued, in plan order; each
     # direction's queue of issued copies; copies whose bytes have moved and
     # that complete a latency later (time, sequence, is swap-in, index).
-    pend_in, pend_out = list(range(len(ins))), list(d2h_list)
+    pend_in, pend_out = (list(range(len(ins))), list(d2h_list)) if ready_order else ([], [])
     h_q, d_q, completing = deque(), deque(), []
     tickets = itertools.count()
     # Compute time the issued swap ops owe the compute stream (``issue_cost_s``),
@@ -324,20 +324,25 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
         # and control inputs are done, whatever the plan's order; its copy
         # joins its direction's queue then.  A swap-in whose class has no free
         # object waits for one (the plan's waits normally make room first).
-        issued = False
-        for i in [i for i in pend_in if in_ready(ins[i])]:
-            if not stack[buf_class[ins[i].buf]]:
-                continue
-            take_in(ins[i])
-            h_q.append(i)
-            pend_in.remove(i)
-            charge(in_parts[i])
-            issued = True
-        for j in [j for j in pend_out if op_done[outs[j].out_after]]:
-            d_q.append(j)
-            pend_out.remove(j)
-            charge(out_parts[j])
-            issued = True
+        waiting = []
+        for i in pend_in:
+            if in_ready(ins[i]) and stack[buf_class[ins[i].buf]]:
+                take_in(ins[i])
+                h_q.append(i)
+                charge(in_parts[i])
+            else:
+                waiting.append(i)
+        issued = len(waiting) < len(pend_in)
+        pend_in[:] = waiting
+        waiting = []
+        for j in pend_out:
+            if op_done[outs[j].out_after]:
+                d_q.append(j)
+                charge(out_parts[j])
+            else:
+                waiting.append(j)
+        issued = issued or len(waiting) < len(pend_out)
+        pend_out[:] = waiting
         return issued
 
     def start_in():
@@ -431,11 +436,10 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
             if th == te:
                 if ready_order:
                     heapq.heappush(completing, (te + lat, next(tickets), True, h_cur, h_start))
-                    hi += 1
                 else:
                     finish_in(h_cur, h_start, te)
-                    hi += 1
                 h_run = False
+                hi += 1
             elif dt <= h_lat:
                 h_lat -= dt
             else:
