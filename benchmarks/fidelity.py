@@ -321,8 +321,8 @@ def table(rows, streams: bool = False) -> str:
     extra += (" median abs time error (calibrated, moved bytes, per-copy latency) "
               "| max abs time error (same) | orders kept (same) | pairs kept (same) |") \
         if latency else ""
-    ready = not streams and all(r.get("sim_time_ready_s") not in (None, "", "nan")
-                                and np.isfinite(float(r["sim_time_ready_s"])) for r in rows)
+    ready = not streams and all(np.isfinite(float(r.get("sim_time_ready_s") or "nan"))
+                                for r in rows)
     extra += (" median abs time error (calibrated, moved bytes, issue order) "
               "| max abs time error (same) | orders kept (same) | pairs kept (same) |") \
         if ready else ""

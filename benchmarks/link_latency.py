@@ -39,6 +39,15 @@ import tensorflow as tf  # noqa: E402
 from tfswap import ops  # noqa: E402
 
 
+def _config(threads: int):
+    """A session on the emulated device (2 CPUs) with ``threads`` inter-op threads of
+    its own, as ``tfswap.tf.measure`` runs the fidelity study."""
+    cfg = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads,
+                                   use_per_session_threads=True)
+    cfg.device_count["CPU"] = 2
+    return cfg
+
+
 def chain_time(nbytes: int, copies: int, bw: float, threads: int, repeats: int) -> float:
     graph = tf.Graph()
     with graph.as_default():
@@ -49,11 +58,8 @@ def chain_time(nbytes: int, copies: int, bw: float, threads: int, repeats: int) 
                 f = ops.swap_out if k % 2 == 0 else ops.swap_in
                 t = f(t, link_bytes_per_s=bw)
             out = tf.reduce_sum(t)
-    cfg = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads,
-                                   use_per_session_threads=True)
-    cfg.device_count["CPU"] = 2
     feed = {x: np.ones(nbytes // 4, np.float32)}
-    with tf.compat.v1.Session(graph=graph, config=cfg) as sess:
+    with tf.compat.v1.Session(graph=graph, config=_config(threads)) as sess:
         sess.run(out, feed)
         times = []
         for _ in range(repeats):
@@ -73,7 +79,8 @@ def overhead_per_copy(nbytes: int, copies: int, bw: float, threads: int,
     graph = tf.Graph()
     with graph.as_default(), tf.device(emulate.DEVICE):
         w = tf.constant(np.full(BUSY_SHAPES[1], 1e-3, np.float32))
-        h = tf.compat.v1.placeholder(tf.float32, BUSY_SHAPES[0])
+        x = tf.compat.v1.placeholder(tf.float32, BUSY_SHAPES[0])
+        h = x
         payload = tf.compat.v1.placeholder(tf.float32, [nbytes // 4])
         every = max(1, CHAIN // max(1, copies))
         back = []
@@ -87,13 +94,9 @@ def overhead_per_copy(nbytes: int, copies: int, bw: float, threads: int,
                                         link_bytes_per_s=bw))
         alone = tf.reduce_sum(h)
         with_copies = [alone] + [tf.reduce_sum(b) for b in back]
-    cfg = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads,
-                                   use_per_session_threads=True)
-    cfg.device_count["CPU"] = 2
-    feed = {h.op.graph.get_tensor_by_name("Placeholder:0"): np.ones(BUSY_SHAPES[0], np.float32),
-            payload: np.ones(nbytes // 4, np.float32)}
+    feed = {x: np.ones(BUSY_SHAPES[0], np.float32), payload: np.ones(nbytes // 4, np.float32)}
     t_alone, t_with = [], []
-    with tf.compat.v1.Session(graph=graph, config=cfg) as sess:
+    with tf.compat.v1.Session(graph=graph, config=_config(threads)) as sess:
         sess.run(with_copies, feed)
         for _ in range(repeats):
             for fetch, times in ((alone, t_alone), (with_copies, t_with)):

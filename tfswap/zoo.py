@@ -77,6 +77,18 @@ def _train_step(name, model, batch, loss_fn, learning_rate=1e-3):
     return TrainStep(name, model, optimizer, fn, batch)
 
 
+def _image_step(name, model, batch, image, classes, seed):
+    """The step of an image classifier: a seeded batch of ``image`` x ``image`` RGB
+    inputs and integer labels, sparse cross-entropy on logits."""
+    import keras
+
+    rng = np.random.default_rng(seed)
+    data = (rng.standard_normal((batch, image, image, 3), dtype=np.float32),
+            rng.integers(0, classes, batch).astype(np.int32))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return _train_step(name, model, data, loss)
+
+
 def encoder_blocks(h, layers: int, heads: int, dim: int):
     """``layers`` post-LN BERT blocks (self-attention, GELU feed-forward of width
     4 x ``dim``) on the Keras tensor ``h``."""
@@ -112,11 +124,7 @@ def cnn(batch: int = 32, image: int = 32, channels: int = 16, classes: int = 10,
                    L.ReLU()]
     model = keras.Sequential(layers + [L.GlobalAveragePooling2D(), L.Dense(classes)],
                              name="cnn")
-    rng = np.random.default_rng(seed)
-    data = (rng.standard_normal((batch, image, image, 3), dtype=np.float32),
-            rng.integers(0, classes, batch).astype(np.int32))
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return _train_step("cnn", model, data, loss)
+    return _image_step("cnn", model, batch, image, classes, seed)
 
 
 @_homed
@@ -163,11 +171,7 @@ def inception(batch: int = 16, image: int = 32, channels: int = 8, classes: int 
             h = L.MaxPooling2D(2)(h)
     logits = L.Dense(classes)(L.GlobalAveragePooling2D()(h))
     model = keras.Model(inputs, logits, name="inception")
-    rng = np.random.default_rng(seed)
-    data = (rng.standard_normal((batch, image, image, 3), dtype=np.float32),
-            rng.integers(0, classes, batch).astype(np.int32))
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return _train_step("inception", model, data, loss)
+    return _image_step("inception", model, batch, image, classes, seed)
 
 
 @_homed
@@ -204,11 +208,7 @@ def resnet50(batch: int = 2, image: int = 32, classes: int = 10, seed: int = 0) 
     keras.utils.set_random_seed(seed)
     model = keras.applications.ResNet50(weights=None, input_shape=(image, image, 3),
                                         classes=classes, classifier_activation=None)
-    rng = np.random.default_rng(seed)
-    data = (rng.standard_normal((batch, image, image, 3), dtype=np.float32),
-            rng.integers(0, classes, batch).astype(np.int32))
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return _train_step("resnet50", model, data, loss)
+    return _image_step("resnet50", model, batch, image, classes, seed)
 
 
 @_homed
