@@ -43,7 +43,7 @@ makes every copy nearly free; 100-300 MB/s gives a V100 + PCIe 3-like
 compute:copy ratio and plans whose simulated slowdowns differ.
 
 Bytes moved.  The planner plans buffer swaps and prices each copy at its
-buffer's bytes; the rewrite (``api._tensor_swaps``) copies the values the
+buffer's bytes; the rewrite (``tfswap.tf.tensor_swaps``) copies the values the
 readers after the gap read: only the slices read of an Unpack's or Split's
 buffer, or each value a buffer held in turn when TF forwarded it in place.
 The "moved bytes" simulation (``simulator.simulate(..., copy_bytes=...)``,
@@ -106,11 +106,13 @@ emulate.setup()
 
 import numpy as np  # noqa: E402
 
-from tfswap import api, zoo  # noqa: E402
+from tfswap import pipeline, zoo  # noqa: E402
+from tfswap.core.infeasible import Infeasible  # noqa: E402
 from tfswap.core import fidelity, simulator  # noqa: E402
 from tfswap.core.compiled import CompiledGraph  # noqa: E402
 from tfswap.core.devices import cpu_emulated  # noqa: E402
 from tfswap.core.planner import plan_swaps  # noqa: E402
+from tfswap.core.simulator import PlanError  # noqa: E402
 from tfswap.core.search import random_individuals  # noqa: E402
 from tfswap.tf import capture, measure, rewrite  # noqa: E402
 from tfswap.tf import profile as profiler  # noqa: E402
@@ -157,21 +159,21 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
     spec = cpu_emulated(copy_latency_s=copy_latency_s, copies_on_compute=copies_on_compute,
                         link_bytes_per_s=link)
     streams = cpu_emulated(link_bytes_per_s=link)
-    stage = api._Stage.lower(captured, prof, spec, api._small_threshold(prof.peak_bytes))
+    stage = pipeline.lower(captured, prof, spec, pipeline.small_threshold(prof.peak_bytes))
     budget = int(fraction * base_peak)
-    planner_budget, outside = api._planner_budget(budget, stage.lowered, 0.05)
+    planner_budget, outside = pipeline.planner_budget(budget, stage.lowered, 0.05)
     # The unmodified step as simulated (TF's order, no swaps): what the paired
     # reference runs measure.
     ideal = stage.unconstrained.prediction.step_time_s
-    cg = CompiledGraph.build(stage.graph, stage.small, stage.keep)
+    cg = CompiledGraph.build(stage.problem.graph, stage.small, stage.problem.keep)
     # The paired reference run after each plan's runs: the unmodified step.  With
     # more than one executor thread, the unmodified step chained in TF's order
     # (the unconstrained plan, no swaps), so that it runs its ops one at a time
     # like the simulated unmodified step ``ideal`` and the rewritten plans.
     reference = captured.graph_def if threads == 1 else rewrite.rewrite(
         captured, stage.unconstrained, emulate.DEVICE, emulate.HOST).graph_def
-    draws = random_individuals(stage.graph, planner_budget, initial_schedule=stage.schedule,
-                               keep=stage.keep, small_threshold_bytes=stage.small, seed=seed,
+    draws = random_individuals(stage.problem.graph, planner_budget, initial_schedule=stage.problem.schedule,
+                               keep=stage.problem.keep, small_threshold_bytes=stage.small, seed=seed,
                                compiled=cg)
     rows, drawn = [], 0
     while len(rows) < count:
@@ -181,19 +183,19 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
             raise RuntimeError(f"{name}: the planner rejected {drawn - len(rows)} of {drawn} "
                                "draws; raise --fraction")
         try:
-            plan = plan_swaps(stage.graph, planner_budget, spec, schedule=schedule,
-                              allocation=allocation, keep=stage.keep,
+            plan = plan_swaps(stage.problem.graph, planner_budget, spec, schedule=schedule,
+                              allocation=allocation, keep=stage.problem.keep,
                               small_threshold_bytes=stage.small, compiled=cg)
-        except ValueError:   # InfeasibleAllocation, PlanError: draw another
+        except (Infeasible, PlanError):   # draw another
             continue
-        sim = simulator.simulate(stage.graph, plan, spec, events=True, keep=stage.keep,
+        sim = simulator.simulate(stage.problem.graph, plan, spec, events=True, keep=stage.problem.keep,
                                  compiled=cg)
         live = simulator.live_peak_bytes(sim, allocation.small_pool_bytes) + outside
         # The small pool's buffers live when they are (not at their peak throughout).
         live_timed = simulator.live_peak_bytes_timed(sim, cg, plan.schedule) + outside
-        sim_streams = simulator.simulate(stage.graph, plan, streams, keep=stage.keep,
+        sim_streams = simulator.simulate(stage.problem.graph, plan, streams, keep=stage.problem.keep,
                                          compiled=cg).step_time_s
-        final = api._finish(plan, budget, captured, stage.lowered, outside)
+        final = pipeline.finish(plan, captured, stage.lowered, budget, outside)
         try:
             rewritten = rewrite.rewrite(captured, final, emulate.DEVICE, emulate.HOST,
                                         emulated_link_bytes_per_s=link,
@@ -209,7 +211,7 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
         ratio = float(np.median(np.array(traced.untraced_times_s)
                                 / np.array(traced.reference_times_s)))
         # What the rewrite moves: the planner prices a swap at its buffer's bytes,
-        # the rewrite copies the values read after the gap (api._tensor_swaps):
+        # the rewrite copies the values read after the gap (tfswap.tf.tensor_swaps):
         # slices of an Unpack's buffer, or each value an in-place buffer held.
         ids = {sw.id for sw in plan.swaps}
         moved, parts = {}, {}
@@ -217,27 +219,27 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
             orig = part.id if part.id in ids else part.id.rsplit("|", 1)[0]
             moved[orig] = moved.get(orig, 0) + stage.lowered.graph.tensor(part.tensor).nbytes
             parts[orig] = parts.get(orig, 0) + 1
-        sim_moved = simulator.simulate(stage.graph, plan, spec, keep=stage.keep, compiled=cg,
+        sim_moved = simulator.simulate(stage.problem.graph, plan, spec, keep=stage.problem.keep, compiled=cg,
                                        copy_bytes=moved)
         # Calibrated: the same plan, compute ops at the speed the unmodified
         # step ran at next to this plan's runs; copies at the link's rate.
         calibration = float(np.median(traced.reference_times_s)) / ideal
         scaled = dataclasses.replace(cg, op_time=cg.op_time * calibration)
-        sim_calibrated = simulator.simulate(stage.graph, plan, spec, keep=stage.keep,
+        sim_calibrated = simulator.simulate(stage.problem.graph, plan, spec, keep=stage.problem.keep,
                                             compiled=scaled, copy_bytes=moved).step_time_s
-        sim_calibrated_buffers = simulator.simulate(stage.graph, plan, spec, keep=stage.keep,
+        sim_calibrated_buffers = simulator.simulate(stage.problem.graph, plan, spec, keep=stage.problem.keep,
                                                     compiled=scaled).step_time_s
         # ... and each copy the rewritten graph makes paying the emulated link's
         # measured per-copy cost (benchmarks/link_latency.py), if given.
         sim_calibrated_latency = simulator.simulate(
-            stage.graph, plan, dataclasses.replace(spec, copy_latency_s=link_latency_s),
-            keep=stage.keep, compiled=scaled, copy_bytes=moved,
+            stage.problem.graph, plan, dataclasses.replace(spec, copy_latency_s=link_latency_s),
+            keep=stage.problem.keep, compiled=scaled, copy_bytes=moved,
             copy_parts=parts).step_time_s if link_latency_s else float("nan")
         # ... and the copies in the order TF issues them (each when its swap op
         # is ready), the latency delaying each copy's completion, not its link.
         sim_ready = simulator.simulate(
-            stage.graph, plan, dataclasses.replace(spec, copy_latency_s=link_latency_s),
-            keep=stage.keep, compiled=scaled, copy_bytes=moved, copy_parts=parts,
+            stage.problem.graph, plan, dataclasses.replace(spec, copy_latency_s=link_latency_s),
+            keep=stage.problem.keep, compiled=scaled, copy_bytes=moved, copy_parts=parts,
             copy_order="ready", issue_cost_s=issue_cost_s).step_time_s \
             if not copies_on_compute else float("nan")
         copies_rewritten = sum(bool(n) for sw in rewritten.swaps

@@ -29,7 +29,7 @@ def searched():
 def test_summary_lists_times_peak_bytes_swaps_and_history(searched):
     graph, budget, result = searched
     plan = result.plan
-    text = plan.summary(search=result, graph=graph)
+    text = report.summary(plan, search=result, graph=graph)
     pred = plan.prediction
     assert f"{pred.step_time_s * 1e3:.3f} ms" in text
     assert f"{pred.ideal_time_s * 1e3:.3f} ms" in text
@@ -53,7 +53,7 @@ def test_summary_lists_times_peak_bytes_swaps_and_history(searched):
 
 
 def test_summary_of_a_hand_written_plan_without_prediction():
-    text = Plan(schedule=("a", "b")).summary()
+    text = report.summary(Plan(schedule=("a", "b")))
     assert "swaps: 0" in text and "step time" in text and "search" not in text
 
 
@@ -76,7 +76,8 @@ def test_timeline_memory_curve_reaches_the_simulated_peak(searched):
 
 def test_chrome_trace_has_compute_h2d_and_d2h_tracks(searched, tmp_path):
     graph, _, result = searched
-    path = result.plan.to_chrome_trace(tmp_path / "step.trace.json", graph, SPEC)
+    path = report.write_chrome_trace(tmp_path / "step.trace.json",
+                                     report.simulate_timeline(graph, result.plan, SPEC))
     trace = json.loads(path.read_text())
     events = trace["traceEvents"]
     threads = {e["tid"]: e["args"]["name"] for e in events
@@ -110,7 +111,9 @@ def test_version1_plan_gets_a_timeline_with_the_default_pool():
 def test_memory_png_is_written(searched, tmp_path):
     pytest.importorskip("matplotlib")
     graph, budget, result = searched
-    path = result.plan.plot_memory(tmp_path / "step.memory.png", graph, SPEC)
+    path = report.plot_memory(tmp_path / "step.memory.png",
+                              report.simulate_timeline(graph, result.plan, SPEC),
+                              budget_bytes=result.plan.budget_bytes)
     head = path.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", head[16:24])

@@ -27,7 +27,7 @@ from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.plan import SWAP_KINDS, Plan
-from tfswap.core.planner import default_allocation
+from tfswap.core.allocation import default_allocation
 from tfswap.core.simulator import SimResult, simulate
 
 STREAMS = ("compute", "h2d", "d2h")
@@ -81,7 +81,7 @@ def summary(plan: Plan, *, search=None, graph: DataflowGraph | None = None,
 
     Example::
 
-        print(summary(plan))                  # or plan.summary()
+        print(summary(plan))
     """
     pred = plan.prediction
     budget = budget_bytes if budget_bytes is not None else plan.budget_bytes

@@ -3,6 +3,7 @@
 import pytest
 
 from tfswap.core import allocation as al
+from tfswap.core.infeasible import Infeasible
 
 MB = 1 << 20
 
@@ -36,7 +37,7 @@ def test_repair_counts_respects_minimum_and_budget():
     assert al.repair_counts((1, 4), (8, 3), 100) == (8, 3)  # fits: unchanged
     out = al.repair_counts((1, 4), (20, 10), 16, min_count=(2, 3))
     assert out[1] >= 3 and out[0] >= 2 and out[0] * 1 + out[1] * 4 <= 16
-    with pytest.raises(ValueError, match="raise the memory budget"):
+    with pytest.raises(Infeasible, match="raise the memory budget"):
         al.repair_counts((1, 4), (8, 3), 10, min_count=(0, 3))
 
 

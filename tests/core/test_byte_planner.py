@@ -7,7 +7,7 @@ import pytest
 from tfswap.core import baselines, byte_planner, layout
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.plan import Plan
-from tfswap.core.planner import InfeasibleAllocation
+from tfswap.core.infeasible import InfeasibleAllocation
 from tfswap.core.search import BYTES_PLANNER_NAME, PLANNER_NAME, SearchConfig
 from tfswap.core.search import plan as ga_plan
 from tfswap.core.simulator import simulate

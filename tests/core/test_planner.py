@@ -15,6 +15,7 @@ from tfswap.core.planner import InfeasibleAllocation, build_program, default_all
 from tfswap.core.program import from_plan, to_plan_swaps
 from tfswap.core.simulator import run_program, simulate
 from tfswap.core.synthetic import layered_training_step, random_dag
+from tfswap.core.infeasible import Infeasible
 from tests.core.plan_checks import MB, SPEC, budgets
 
 CASES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -124,7 +125,7 @@ def test_bad_inputs_say_what_to_do():
         plan_swaps(g, 0, SPEC)
     with pytest.raises(ValueError, match="not a topological order"):
         plan_swaps(g, 1 << 40, SPEC, schedule=[op.name for op in reversed(g.ops)])
-    with pytest.raises(ValueError, match="raise the memory budget"):
+    with pytest.raises(Infeasible, match="raise the memory budget"):
         plan_swaps(g, 2 * MB, SPEC)
 
 

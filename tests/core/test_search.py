@@ -14,6 +14,7 @@ from tfswap.core.planner import default_allocation, plan_swaps
 from tfswap.core.search import SearchConfig
 from tfswap.core.simulator import PlanError
 from tfswap.core.synthetic import layered_training_step, random_dag
+from tfswap.core.infeasible import Infeasible
 from tests.core.plan_checks import SPEC, budgets
 
 
@@ -205,7 +206,7 @@ def test_bad_arguments_say_what_to_pass():
         search.plan(g, 0, SPEC)
     with pytest.raises(TypeError, match="DeviceSpec"):
         search.plan(g, budget, "v100-16g-pcie3")
-    with pytest.raises(ValueError, match="raise the memory budget"):
+    with pytest.raises(Infeasible, match="raise the memory budget"):
         search.plan(g, 1 << 20, SPEC, compiled=cg,
                     config=SearchConfig(max_generations=1, time_budget_s=None, workers=1))
 
@@ -264,7 +265,7 @@ def test_random_individuals_are_topological_orders_with_allocations_in_the_budge
 
 def test_random_individuals_stop_with_an_error_when_none_fits():
     g, cg, budget = step_graph()
-    with pytest.raises(ValueError, match="give a larger budget"):
+    with pytest.raises(Infeasible, match="give a larger budget"):
         next(search.random_individuals(g, 1, seed=5, compiled=cg, max_misses=20))
     with pytest.raises(ValueError, match="max_misses"):
         next(search.random_individuals(g, budget, compiled=cg, max_misses=0))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfswap.api import _tensor_swaps
+from tfswap.tf.tensor_swaps import tensor_swaps
 from tfswap.core.plan import Plan, Swap
 from tfswap.tf import capture, ir, rewrite, runtime
 from tfswap.tf.emulate import DEVICE, HOST
@@ -48,7 +48,7 @@ def test_a_buffer_that_leaves_twice_leaves_from_its_copy_and_views_follow():
              bytes=128 * 64 * 4),
         Swap("MatMul:0", out_after="Reshape", in_after="Sum_2", consumers=("Sum",),
              bytes=128 * 64 * 4, id="MatMul:0#1")))
-    plan = _tensor_swaps(plan, graph)
+    plan = tensor_swaps(plan, graph)
     assert [(s.tensor, s.consumers) for s in plan.swaps] == [("MatMul:0", ("Reshape",)),
                                                               ("MatMul:0", ("Sum",))]
     rewritten = rewrite.rewrite(captured, plan, DEVICE, HOST)

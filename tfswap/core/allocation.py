@@ -23,6 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tfswap.core.compiled import CompiledGraph
+from tfswap.core.infeasible import Infeasible
 from tfswap.core.plan import Allocation
 
 
@@ -82,7 +84,7 @@ def repair_counts(class_bytes: Sequence[int], cnt: Sequence[int], budget_bytes: 
     gives back about the same number of bytes ([8, 3] objects of 1 and 4 MB in
     12 MB become [4, 2], Fig. 5).  ``min_count`` (default 0): counts are never
     reduced below it (the most objects of a class one op needs at once).
-    Raises ValueError if even the minimum does not fit.
+    Raises :class:`~tfswap.core.infeasible.Infeasible` if even the minimum does not fit.
     """
     cnt = [int(c) for c in cnt]
     lo = [0] * len(cnt) if min_count is None else [int(m) for m in min_count]
@@ -92,9 +94,9 @@ def repair_counts(class_bytes: Sequence[int], cnt: Sequence[int], budget_bytes: 
     cnt = [max(c, m) for c, m in zip(cnt, lo)]
     need = sum(b * m for b, m in zip(class_bytes, lo))
     if need > budget_bytes:
-        raise ValueError(f"the pool needs at least {need} bytes (the most objects of each "
+        raise Infeasible(f"the pool needs at least {need} bytes (the most objects of each "
                          f"class that one op uses at once) but the budget leaves "
-                         f"{budget_bytes}; raise the memory budget")
+                         f"{budget_bytes}; raise the memory budget", need_bytes=int(need))
     while True:
         excess = sum(b * c for b, c in zip(class_bytes, cnt)) - budget_bytes
         if excess <= 0:
@@ -183,3 +185,46 @@ def size_class_of(allocation: Allocation, nbytes: int) -> int:
                      f"{allocation.class_bytes[-1] if allocation.class_bytes else 0}); "
                      "the allocation must have a class at least as large as the largest "
                      "pool tensor")
+
+
+def default_allocation(cg: CompiledGraph, order: np.ndarray, budget_bytes: int,
+                       cls: Sequence[int] | None = None) -> Allocation:
+    """One size class per distinct pool size (merged only where the per-op floor
+    would not fit the budget otherwise), with as many objects as are live at
+    once without swapping, repaired down to the budget (paper §5.3).
+
+    The small-tensor pool (the most small-tensor bytes live at once under
+    ``order``) is reserved out of the budget first.  ``cls``: the size-class
+    map to use instead (see :func:`default_classes`).
+    """
+    small = cg.small_pool_peak(order)
+    if small > budget_bytes:
+        raise Infeasible(f"small tensors alone need {small} bytes but the budget is "
+                         f"{budget_bytes}; raise the budget", need_bytes=int(small))
+    if cls is None:
+        cls = default_classes(cg, budget_bytes - small)
+    cls_arr = np.asarray(cls, dtype=np.int32)
+    n_classes = int(cls_arr.max()) + 1 if len(cls_arr) else 0
+    buf_class = cls_arr[cg.buf_size_index] if cg.n_buffers else np.zeros(0, np.int32)
+    sizes = class_sizes(cg.ts, tuple(cls_arr.tolist()))
+    demand = cg.class_demand(order, buf_class, n_classes)
+    need = cg.op_class_need(buf_class, n_classes)
+    cnt = repair_counts(sizes, demand, budget_bytes - small, min_count=need)
+    return Allocation(class_bytes=sizes, class_count=cnt, small_pool_bytes=small,
+                      small_threshold_bytes=cg.small_threshold_bytes)
+
+
+def default_classes(cg: CompiledGraph, pool_bytes: int) -> tuple[int, ...]:
+    """CLS of the default allocation: one class per size while the floor (what
+    every op needs at once) fits ``pool_bytes``, else neighbouring sizes merged
+    (:func:`tfswap.core.allocation.fitting_classes`)."""
+    identity = tuple(range(len(cg.ts)))
+    if not identity:
+        return identity
+    ident = np.asarray(identity, dtype=np.int32)[cg.buf_size_index]
+    floor = int(np.dot(np.asarray(cg.ts, dtype=np.int64),
+                       cg.op_class_need(ident, len(identity))))
+    if floor <= pool_bytes:
+        return identity
+    pinned = cg.pinned_per_class(ident, len(identity))
+    return fitting_classes(cg.ts, cg.op_size_usage(), pinned, pool_bytes)

@@ -62,6 +62,7 @@ from tfswap.core import planner as planner_mod
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec, check_planner_arguments
 from tfswap.core.graph import DataflowGraph
+from tfswap.core.infeasible import Infeasible, InfeasibleAllocation
 from tfswap.core.plan import Allocation, Plan, Prediction
 from tfswap.core.program import (InRec, OutRec, Program, RecomputeRec, _uses_by_position,
                                  canonical, to_plan_swaps)
@@ -70,15 +71,6 @@ from tfswap.core.simulator import PlanError, SimResult, run_program
 UNLIMITED = 1 << 62
 CONV_PREFIXES = ("Conv", "FusedConv", "DepthwiseConv", "FusedDepthwiseConv")
 MEMORY_MODELS = ("pool", "live")
-
-
-class Infeasible(ValueError):
-    """The policy cannot keep the step within the budget; ``need_bytes``: what it needed
-    (None where it is not known)."""
-
-    def __init__(self, message: str, need_bytes: int | None = None):
-        super().__init__(message)
-        self.need_bytes = need_bytes
 
 
 class _Setting:
@@ -202,7 +194,7 @@ class _LRUScan(planner_mod._Scan):
                     best, key = b, cand
         if best < 0:
             op = self.cg.graph.ops[self.order[k]]
-            raise planner_mod.InfeasibleAllocation(
+            raise InfeasibleAllocation(
                 f"op {op.name!r} needs more objects of size class {c} than the pool has")
         return best, False
 
@@ -225,7 +217,11 @@ def odswap(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
         pool = planner_mod.default_allocation(s.cg, s.order, s.budget)
         prog = planner_mod.build_program(s.cg, s.order, pool, spec, scan=_LRUScan)
         result = run_program(s.cg, prog, pool, spec)
-    except (ValueError, PlanError) as err:  # InfeasibleAllocation is a ValueError
+    except Infeasible as err:
+        raise Infeasible(f"odswap: {err}", need_bytes=err.need_bytes) from err
+    except PlanError as err:
+        # LRU prefetches learned from the first iteration can ask for an object
+        # the pool does not have when the step runs: this policy does not fit.
         raise Infeasible(f"odswap: {err}") from err
     swaps, resident = to_plan_swaps(s.cg, prog)
     return _plan(s, swaps, resident, pool, result, "baseline.odswap")

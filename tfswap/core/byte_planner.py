@@ -64,7 +64,8 @@ from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec, check_planner_arguments
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.plan import Allocation, Plan, Prediction
-from tfswap.core.planner import InfeasibleAllocation, default_allocation, ideal_times
+from tfswap.core.infeasible import InfeasibleAllocation
+from tfswap.core.planner import default_allocation, ideal_times
 from tfswap.core.program import START, InRec, OutRec, Program, canonical, to_plan_swaps
 from tfswap.core.simulator import SimResult, run_program
 

@@ -8,11 +8,15 @@ depend on which worker computed them; they come back in submission order.
 
 Where the work runs:
 
-* ``workers=1``: in this process.
-* ``workers=N`` (default: all cores): a local process pool whose workers get
-  the graph once, through the pool's initializer.
+* ``workers=1``: in the calling thread.
+* ``workers=N`` (default: all cores): N threads of this process.  The native
+  planner+simulator is called through ctypes, which releases the GIL, so
+  threads run in parallel; and unlike worker processes they never import the
+  caller's ``__main__`` again (a training script without a main guard would
+  run its top level once per worker).
 * ``executor=``: any :class:`concurrent.futures.Executor` you already run,
-  e.g. Dask's ``distributed.Client(...).get_executor()``.  Each task carries
+  e.g. a ``ProcessPoolExecutor`` or Dask's
+  ``distributed.Client(...).get_executor()``.  Each task carries
   the graph's arrays (pickled once here; a worker unpickles them once and
   keeps them by content hash) and a chunk of candidates.  ``workers`` is then
   the number of chunks per batch.
@@ -26,11 +30,10 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import os
 import pickle
 from collections.abc import Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -79,18 +82,21 @@ def _install(token: str, payload: bytes) -> None:
         _contexts[token] = pickle.loads(payload)
 
 
+def _evaluate_local(ctx: _Context, chunk: Sequence[Candidate]) -> list[float]:
+    return [_evaluate_one(ctx, order, allocation) for order, allocation in chunk]
+
+
 def _evaluate_chunk(token: str, payload: bytes | None,
                     chunk: Sequence[Candidate]) -> list[float]:
     if payload is not None:
         _install(token, payload)
-    ctx = _contexts[token]
-    return [_evaluate_one(ctx, order, allocation) for order, allocation in chunk]
+    return _evaluate_local(_contexts[token], chunk)
 
 
 class Evaluator:
     """Maps candidates to simulated step times, locally or on an executor.
 
-    ``workers``: processes of the local pool (None: ``os.cpu_count()``; 1: no
+    ``workers``: threads of the local pool (None: ``os.cpu_count()``; 1: no
     pool), or chunks per batch with ``executor``.  Use as a context manager
     (or call :meth:`close`) so the local pool is shut down.
     """
@@ -114,10 +120,8 @@ class Evaluator:
         self._executor = executor
         self._pool = None
         if executor is None and workers > 1:
-            # spawn, not fork: the caller may hold TensorFlow's threads and locks.
-            self._pool = ProcessPoolExecutor(
-                max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_install, initargs=(self._token, self._payload))
+            self._pool = ThreadPoolExecutor(max_workers=workers,
+                                            thread_name_prefix="tfswap-evaluate")
         self.evaluations = 0
 
     def map(self, candidates: Sequence[Candidate]) -> list[float]:
@@ -131,7 +135,8 @@ class Evaluator:
         bounds = np.linspace(0, len(candidates), min(self.workers, len(candidates)) + 1)
         chunks = [candidates[int(a):int(b)] for a, b in zip(bounds[:-1], bounds[1:])]
         if self._pool is not None:
-            futures = [self._pool.submit(_evaluate_chunk, self._token, None, c) for c in chunks]
+            # Threads share this process's context: nothing to send or unpickle.
+            futures = [self._pool.submit(_evaluate_local, self._local, c) for c in chunks]
         else:
             futures = [self._executor.submit(_evaluate_chunk, self._token, self._payload, c)
                        for c in chunks]

@@ -295,48 +295,8 @@ class Plan:
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
 
-    # Reports live in tfswap.report (imported when asked for, so that loading
-    # a plan never pulls in the simulator or matplotlib).
-    def summary(self, search=None, graph=None) -> str:
-        """A readable table: predicted vs ideal time, peak vs budget, bytes each
-        way, swaps by kind, resident parameters, and ``search``'s history if given.
-
-        Example::
-
-            print(plan.summary())
-        """
-        from tfswap import report
-
-        return report.summary(self, search=search, graph=graph)
-
-    def to_chrome_trace(self, path: str | Path, graph, spec, keep=()) -> Path:
-        """Write the simulated step as a Chrome trace (compute, H2D and D2H tracks
-        and a device-memory counter); open it in ui.perfetto.dev or chrome://tracing.
-
-        Example::
-
-            plan.to_chrome_trace("step.trace.json", graph, device_spec("v100-16g-pcie3"))
-        """
-        from tfswap import report
-
-        return report.write_chrome_trace(path, report.simulate_timeline(graph, self, spec,
-                                                                         keep=keep))
-
-    def plot_memory(self, path: str | Path, graph, spec, keep=(),
-                    budget_bytes: int | None = None) -> Path:
-        """Write a PNG of simulated device memory over the step against the budget
-        (default ``self.budget_bytes``).  Needs matplotlib: ``pip install tfswap[plot]``.
-
-        Example::
-
-            plan.plot_memory("step.memory.png", graph, device_spec("v100-16g-pcie3"))
-        """
-        from tfswap import report
-
-        budget = budget_bytes if budget_bytes is not None else self.budget_bytes
-        return report.plot_memory(path, report.simulate_timeline(graph, self, spec, keep=keep),
-                                  budget_bytes=budget)
-
+    # Reports (summary, Chrome trace, memory plot) live in tfswap.report, which
+    # depends on the core, never the reverse.
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
         return cls.from_json(Path(path).read_text())

@@ -53,60 +53,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from tfswap.core import allocation as alloc_mod
+from tfswap.core.allocation import default_allocation, default_classes  # noqa: F401 (re-export)
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.graph import DataflowGraph
+from tfswap.core.infeasible import Infeasible, InfeasibleAllocation
 from tfswap.core.plan import Allocation, Plan, Prediction
 from tfswap.core.program import START, InRec, OutRec, Program, buffer_classes, canonical
 
 MAX_PASSES = 64
 
 
-class InfeasibleAllocation(ValueError):
-    """An op needs more objects of a size class than the allocation has."""
-
-
-def default_allocation(cg: CompiledGraph, order: np.ndarray, budget_bytes: int,
-                       cls: Sequence[int] | None = None) -> Allocation:
-    """One size class per distinct pool size (merged only where the per-op floor
-    would not fit the budget otherwise), with as many objects as are live at
-    once without swapping, repaired down to the budget (paper §5.3).
-
-    The small-tensor pool (the most small-tensor bytes live at once under
-    ``order``) is reserved out of the budget first.  ``cls``: the size-class
-    map to use instead (see :func:`default_classes`).
-    """
-    small = cg.small_pool_peak(order)
-    if small > budget_bytes:
-        raise ValueError(f"small tensors alone need {small} bytes but the budget is "
-                         f"{budget_bytes}; raise the budget")
-    if cls is None:
-        cls = default_classes(cg, budget_bytes - small)
-    cls_arr = np.asarray(cls, dtype=np.int32)
-    n_classes = int(cls_arr.max()) + 1 if len(cls_arr) else 0
-    buf_class = cls_arr[cg.buf_size_index] if cg.n_buffers else np.zeros(0, np.int32)
-    sizes = alloc_mod.class_sizes(cg.ts, tuple(cls_arr.tolist()))
-    demand = cg.class_demand(order, buf_class, n_classes)
-    need = cg.op_class_need(buf_class, n_classes)
-    cnt = alloc_mod.repair_counts(sizes, demand, budget_bytes - small, min_count=need)
-    return Allocation(class_bytes=sizes, class_count=cnt, small_pool_bytes=small,
-                      small_threshold_bytes=cg.small_threshold_bytes)
-
-
-def default_classes(cg: CompiledGraph, pool_bytes: int) -> tuple[int, ...]:
-    """CLS of the default allocation: one class per size while the floor (what
-    every op needs at once) fits ``pool_bytes``, else neighbouring sizes merged
-    (:func:`tfswap.core.allocation.fitting_classes`)."""
-    identity = tuple(range(len(cg.ts)))
-    if not identity:
-        return identity
-    ident = np.asarray(identity, dtype=np.int32)[cg.buf_size_index]
-    floor = int(np.dot(np.asarray(cg.ts, dtype=np.int64),
-                       cg.op_class_need(ident, len(identity))))
-    if floor <= pool_bytes:
-        return identity
-    pinned = cg.pinned_per_class(ident, len(identity))
-    return alloc_mod.fitting_classes(cg.ts, cg.op_size_usage(), pinned, pool_bytes)
 
 
 def ideal_times(cg: CompiledGraph, order: Sequence[int]) -> tuple[list[float], list[float]]:

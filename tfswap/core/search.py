@@ -51,6 +51,7 @@ from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec, check_planner_arguments
 from tfswap.core.evaluation import Evaluator
 from tfswap.core.graph import DataflowGraph
+from tfswap.core.infeasible import Infeasible
 from tfswap.core.native import Evaluation, evaluate
 from tfswap.core.plan import Allocation, Plan
 from tfswap.core.planner import default_allocation, default_classes, plan_swaps
@@ -78,8 +79,10 @@ class SearchConfig:
     1's normalised time (1.0 = the paper).  ``elite``: best individuals that
     always survive.  Stops at the first of ``time_budget_s`` (seconds of
     search), ``max_generations`` and ``patience`` (generations without a
-    better best); at least one must be set.  ``workers``: local processes
-    (None: all cores, 1: this process) or, with ``executor`` (a
+    better best); at least one must be set.  ``workers``: threads of this
+    process (None: all cores, 1: no pool; the native simulator releases the
+    GIL, and no process is started, so the caller's script is never imported
+    again) or, with ``executor`` (a
     ``concurrent.futures.Executor``, e.g. Dask's ``Client.get_executor()``),
     chunks per batch.  ``mode``: "joint", "schedule" (the allocation is
     plan_swaps' default for each schedule) or "allocation" (the schedule
@@ -289,7 +292,7 @@ class _Problem:
         sizes = class_sizes(self.cg.ts, cls)
         try:
             cnt = repair_counts(sizes, cnt, self.budget - small, min_count=self.need(cls))
-        except ValueError:
+        except Infeasible:
             return Individual(schedule, cls, tuple(int(c) for c in cnt), None)
         alloc = Allocation(class_bytes=sizes, class_count=cnt, small_pool_bytes=small,
                            small_threshold_bytes=self.cg.small_threshold_bytes)
@@ -300,7 +303,7 @@ class _Problem:
         cls = self.default_cls(schedule)
         try:
             alloc = default_allocation(self.cg, schedule.astype(np.int32), self.budget, cls)
-        except ValueError:
+        except Infeasible:
             return Individual(schedule, cls, (0,) * (max(cls, default=-1) + 1), None)
         return Individual(schedule, cls, alloc.class_count, alloc)
 
@@ -384,7 +387,7 @@ def random_individuals(graph: DataflowGraph, budget_bytes: int, *,
     generation draws them (TF's order or the memory-greedy order, mutated at a
     random rate; a random class map; counts cut to ``budget_bytes``).  Pairs
     whose allocation cannot fit the budget are skipped; ``max_misses`` such
-    draws in a row raise ValueError (the budget is too small for random orders).
+    draws in a row raise Infeasible (the budget is too small for random orders).
     For studies of the simulator against measurement (``benchmarks/fidelity.py``).
 
     Example::
@@ -414,7 +417,7 @@ def random_individuals(graph: DataflowGraph, budget_bytes: int, *,
             continue
         misses += 1
         if misses >= max_misses:
-            raise ValueError(f"{misses} random individuals in a row do not fit "
+            raise Infeasible(f"{misses} random individuals in a row do not fit "
                              f"{budget_bytes} bytes (their small-tensor pool and the "
                              "objects one op needs at once); give a larger budget")
 
@@ -503,8 +506,8 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     ``params_start_on_host``, ``small_threshold_bytes`` and ``compiled`` mean
     what they mean for :func:`~tfswap.core.planner.plan_swaps`.  Returns the
     best individual's Plan (``planner="tfswap.ga"``), its Evaluation and the
-    history (Fig. 9's best/mean/worst per generation).  Raises ValueError when
-    not even the default plan fits the budget.
+    history (Fig. 9's best/mean/worst per generation).  Raises
+    :class:`~tfswap.core.infeasible.Infeasible` when no individual fits the budget.
 
     Example::
 
@@ -584,7 +587,7 @@ def _search(graph, budget_bytes, spec, config, cg, *, initial_schedule, keep, re
         _show(history[-1], end=f"  ({reason})\n")
 
     if best.allocation is None or not math.isfinite(best.time_s):
-        raise ValueError(f"no schedule and allocation fit the budget of {budget_bytes} bytes "
+        raise Infeasible(f"no schedule and allocation fit the budget of {budget_bytes} bytes "
                          "(each op's inputs and outputs must fit at once, with the "
                          "small-tensor pool); raise the memory budget")
     rejected = 0
@@ -640,7 +643,7 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
     for _ in range(rounds):
         try:
             res = _search(graph, int(budget_bytes * f), spec, each, cg, **options)
-        except ValueError:
+        except Infeasible:
             if best is None:
                 raise
             hi, fits, proposal = f, False, lo
@@ -679,7 +682,7 @@ def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchRe
     by_bytes = _byte_planned(graph, budget_bytes, spec, cg, schedules, options) \
         if config.byte_planner else None
     if best is None and by_bytes is None:
-        raise ValueError(f"no plan's shared pool fits the budget of {budget_bytes} bytes; "
+        raise Infeasible(f"no plan's shared pool fits the budget of {budget_bytes} bytes; "
                          "raise the memory budget")
     if by_bytes is not None and (best is None or by_bytes.prediction.step_time_s
                                  < best[0].plan.prediction.step_time_s):
@@ -736,7 +739,7 @@ def _byte_planned(graph, budget_bytes, spec, cg, schedules, options) -> Plan | N
         try:
             got = byte_planner.plan(graph, budget_bytes, spec, schedule=schedule, compiled=cg,
                                     memory="shared")
-        except ValueError:   # InfeasibleAllocation, or a PlanError of the simulation
+        except Infeasible:
             continue
         if best is None or got.prediction.step_time_s < best.prediction.step_time_s:
             best = got

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tfswap.core.allocation import default_allocation
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.graph import DataflowGraph
@@ -66,8 +67,12 @@ from tfswap.core.plan import Allocation, Plan
 from tfswap.core.program import Program, buffer_classes, from_plan
 
 
-class PlanError(ValueError):
-    """The plan cannot run as given (a reader before its data, memory over the pool)."""
+class PlanError(RuntimeError):
+    """The plan cannot run as given (a reader before its data, memory over the pool).
+
+    A planner's own plans never raise it; a planner that judges feasibility by
+    simulating turns it into :class:`~tfswap.core.infeasible.Infeasible` itself.
+    """
 
 
 @dataclass(frozen=True)
@@ -566,7 +571,6 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
     objects as are live at once without swapping.
     Raises :class:`PlanError` if the plan cannot run as given.
     """
-    from tfswap.core.planner import default_allocation
 
     allocation = allocation or plan.allocation
     v1 = plan.allocation is None and not plan.resident_parameters

@@ -271,3 +271,20 @@ def fingerprint(captured: CapturedFunction) -> str:
     for node in sorted(captured.graph_def.node, key=lambda n: n.name):
         digest.update(f"{node.name}|{node.op}|{','.join(node.input)}\n".encode())
     return digest.hexdigest()[:16]
+
+
+def warn_legacy_random(captured: CapturedFunction) -> None:
+    """Say that legacy stateful random ops draw a stream of their own in a rewritten step."""
+    import warnings
+
+    found = legacy_random_ops(captured)
+    if found:
+        warnings.warn(
+            f"this step uses {len(found)} legacy stateful random op(s) ({', '.join(found[:3])}"
+            f"{' ...' if len(found) > 3 else ''}). Their random stream lives in the kernel of "
+            "each function, so the optimized function draws its own stream from the start: its "
+            "first call draws what the user's function drew on its first call, not what the "
+            "user's function would draw next. For one shared stream use Keras layers (seed "
+            "generators), tf.random.Generator or the tf.random.stateless_* ops.",
+            RuntimeWarning, stacklevel=4)
+

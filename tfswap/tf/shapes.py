@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfswap.tf.capture import CapturedFunction
+from tfswap.tf.capture import CaptureError, CapturedFunction
 
 
 def static_shapes(captured: CapturedFunction, graph_def) -> dict[str, tf.TensorShape]:
@@ -48,3 +48,21 @@ def import_with_shapes(captured: CapturedFunction, graph_def) -> tf.Graph:
         for t in op.outputs:
             t.set_shape(shapes[t.name])
     return graph
+
+
+def refuse_unsized(captured: CapturedFunction, lowered, source: str) -> None:
+    """Refuse tensors whose size only the running step knows (e.g. a boolean_mask's
+    output): a profile that does not run the whole step would count them as 0 bytes."""
+    unsized = {t.name for t in lowered.graph.tensors if t.nbytes == 0}
+    found = [f"{t.name} (shape {t.shape})"
+             for op in import_with_shapes(captured, captured.graph_def).get_operations()
+             for t in op.outputs
+             if t.name in unsized and not t.shape.is_fully_defined()
+             and t.dtype not in (tf.resource, tf.variant, tf.string)]
+    if found:
+        raise CaptureError(
+            f"{len(found)} tensor(s) of this step have unknown dimensions, so the {source} "
+            f"profile cannot count their bytes: {', '.join(found[:3])}"
+            f"{' ...' if len(found) > 3 else ''}. Use profile='trace' (it runs the step once "
+            "and measures every tensor; the sizes must not change between steps), or make "
+            "the shapes static (e.g. multiply by a mask instead of tf.boolean_mask).")

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +69,18 @@ def _ptr(a: np.ndarray):
     return a.ctypes.data
 
 
+_ARGS_LOCK = threading.Lock()
+
+
 def _graph_args(cg: CompiledGraph):
+    # Under a lock: evaluation threads share ``cg``, and a second thread's
+    # cache entry replacing the first would free the arrays whose pointers the
+    # first is about to pass to C.
+    with _ARGS_LOCK:
+        return _cached_graph_args(cg)
+
+
+def _cached_graph_args(cg: CompiledGraph):
     cached = cg.__dict__.get("_native_args")
     if cached is None:
         arrays = [np.ascontiguousarray(a) for a in (

@@ -1,10 +1,10 @@
-"""tfswap.api._tensor_swaps: the planner's buffer swaps as swaps of TF tensors.
+"""tfswap.tf.tensor_swaps.tensor_swaps: the planner's buffer swaps as swaps of TF tensors.
 
 Framework-free graphs stand for what the trace reports: slices sharing one
 buffer (Unpack) and an in-place forward that a reordered schedule breaks.
 """
 
-from tfswap.api import _tensor_swaps
+from tfswap.tf.tensor_swaps import tensor_swaps
 from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.plan import Plan, Swap
 
@@ -25,7 +25,7 @@ def test_slices_of_one_buffer_each_travel_to_their_own_readers():
     plan = Plan(schedule=("a", "u", "x", "c0", "c1", "d"), swaps=(
         Swap("a:0", out_after="x", in_after="x", consumers=("c0", "c1"), bytes=8),
         Swap("c0:0", out_after="c0", in_after="c1", consumers=("d",), in_wait_for=("a:0",))))
-    got = _tensor_swaps(plan, _graph(ops, tensors))
+    got = tensor_swaps(plan, _graph(ops, tensors))
     parts = [s for s in got.swaps if s.id.startswith("a:0|")]
     assert [(s.tensor, s.consumers, s.bytes) for s in parts] == [("u:0", ("c0",), 4),
                                                                  ("u:1", ("c1",), 4)]
@@ -40,7 +40,7 @@ def test_a_forward_broken_by_the_schedule_carries_the_earlier_value():
     tensors = [Tensor("g:0", 8), Tensor("m:0", 8, alias_of="g:0"), Tensor("r:0", 8)]
     plan = Plan(schedule=("g", "m", "r"), swaps=(
         Swap("g:0", out_after="m", in_after="m", consumers=("r",), bytes=8),))
-    got = _tensor_swaps(plan, _graph(ops, tensors))
+    got = tensor_swaps(plan, _graph(ops, tensors))
     assert [(s.tensor, s.consumers, s.id) for s in got.swaps] == [("g:0", ("r",), "g:0")]
 
 
@@ -55,7 +55,7 @@ def test_each_reader_gets_the_value_it_reads_through_its_views():
                Tensor("m:0", 8, alias_of="g:0"), Tensor("q:0", 8), Tensor("r:0", 1)]
     plan = Plan(schedule=("g", "v", "m", "q", "r"), swaps=(
         Swap("g:0", out_after="m", in_after="m", consumers=("q", "r"), bytes=8),))
-    got = _tensor_swaps(plan, _graph(ops, tensors))
+    got = tensor_swaps(plan, _graph(ops, tensors))
     assert [(s.tensor, s.consumers, s.id, s.bytes) for s in got.swaps] == [
         ("g:0", ("r",), "g:0|g:0", 8), ("m:0", ("q",), "g:0|m:0", 8)]
 
@@ -68,5 +68,5 @@ def test_a_member_written_after_the_gap_needs_no_copy():
                Tensor("n:0", 8)]
     plan = Plan(schedule=("g", "a", "m", "n"), swaps=(
         Swap("g:0", out_after="a", in_after="a", consumers=("m", "n"), bytes=8),))
-    got = _tensor_swaps(plan, _graph(ops, tensors))
+    got = tensor_swaps(plan, _graph(ops, tensors))
     assert [(s.tensor, s.consumers, s.id) for s in got.swaps] == [("g:0", ("m",), "g:0")]

@@ -1,0 +1,184 @@
+"""One contract for every planner: ``(problem, budget_bytes, spec, **options) -> PlanResult``.
+
+tfswap's own planners and every baseline it is compared with are registered
+here by name, take a :class:`~tfswap.core.problem.Problem`, a budget in
+bytes and a :class:`~tfswap.core.devices.DeviceSpec`, and either return a
+:class:`PlanResult` or raise :class:`~tfswap.core.infeasible.Infeasible`
+(never a ``ValueError``: that is a bad argument).  Planner-specific options
+are keyword arguments (``config=`` of the genetic search, ``memory=`` of the
+baselines).
+
+=================  ==========================================================
+``tfswap.ga``      SwapAdvisor's genetic search (:mod:`tfswap.core.search`);
+                   ``config=SearchConfig(...)``
+``swapadvisor``    the genetic search with the paper's disjoint pool
+``tfswap``         the genetic search with a shared pool, also trying the
+                   byte-cap planner (the Fig. 6 tfswap column)
+``tfswap.order``   the swap planner on TensorFlow's order, exact-size pool
+``tfswap.bytes``   the byte-cap planner on TensorFlow's order, shared arena
+``ideal`` ...      the baselines of :mod:`tfswap.core.baselines`
+=================  ==========================================================
+
+Example::
+
+    problem = Problem.of(graph, keep=fetches)
+    result = run("tfswap.order", problem, 8 << 30, device_spec("v100-16g-pcie3"))
+    budget, result = fit_to_budget("capuchin", problem, spec, high=16 << 30)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tfswap.core import baselines, byte_planner, search
+from tfswap.core.devices import DeviceSpec
+from tfswap.core.infeasible import Infeasible
+from tfswap.core.plan import Plan
+from tfswap.core.planner import plan_swaps
+from tfswap.core.problem import Problem
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A planner's plan; ``search``: the genetic search's history where one ran."""
+    plan: Plan
+    search: search.SearchResult | None = None
+
+
+Planner = Callable[..., PlanResult]
+PLANNERS: dict[str, Planner] = {}
+
+
+class UnsupportedProblem(Exception):
+    """The planner cannot express this problem (e.g. parameters that start on the host)."""
+
+
+def register(name: str) -> Callable[[Planner], Planner]:
+    """Decorator: list ``planner`` under ``name``."""
+    def add(planner: Planner) -> Planner:
+        if name in PLANNERS:
+            raise ValueError(f"a planner named {name!r} is registered already")
+        PLANNERS[name] = planner
+        return planner
+    return add
+
+
+def get(name: str) -> Planner:
+    """The planner registered as ``name``."""
+    try:
+        return PLANNERS[name]
+    except KeyError:
+        raise ValueError(f"no planner named {name!r}; registered: {sorted(PLANNERS)}") from None
+
+
+def run(name: str, problem: Problem, budget_bytes: int, spec: DeviceSpec,
+        **options: Any) -> PlanResult:
+    """Plan ``problem`` within ``budget_bytes`` with the planner ``name``."""
+    if not isinstance(problem, Problem):
+        raise TypeError(f"problem must be a tfswap.core.problem.Problem, got "
+                        f"{type(problem).__name__}")
+    return get(name)(problem, budget_bytes, spec, **options)
+
+
+def fit_to_budget(name: str, problem: Problem, spec: DeviceSpec, *, high: int, low: int = 1,
+                  tolerance: float = 0.005, **options: Any) -> tuple[int, PlanResult]:
+    """The smallest budget in ``[low, high]`` (within ``tolerance`` of ``high``) at
+    which planner ``name`` finds a plan, and that plan.
+
+    Bisection: it assumes a planner that fits a budget fits every larger one.
+    Raises :class:`Infeasible` if not even ``high`` fits.
+    """
+    if not 0 < low <= high:
+        raise ValueError(f"need 0 < low <= high (bytes), got low={low}, high={high}")
+    best = run(name, problem, high, spec, **options)   # Infeasible: nothing in range fits
+    lo, hi = low - 1, high
+    while hi - lo > max(1, int(high * tolerance)):
+        mid = (lo + hi) // 2
+        try:
+            best, hi = run(name, problem, mid, spec, **options), mid
+        except Infeasible:
+            lo = mid
+    return hi, best
+
+
+def _host_parameters_unsupported(problem: Problem, name: str) -> None:
+    if problem.host_parameters:
+        raise UnsupportedProblem(
+            f"planner {name!r} keeps every parameter on the device, but this problem's "
+            "parameters start the step in host memory; use 'tfswap.ga' or 'tfswap.order'")
+
+
+@register(search.PLANNER_NAME)
+def genetic(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
+            config: search.SearchConfig = search.SearchConfig(),
+            recency_margin_s: float = 0.0) -> PlanResult:
+    """SwapAdvisor's search over schedules and pools, starting from TF's order."""
+    res = search.plan(problem.graph, budget_bytes, spec, config=config,
+                      initial_schedule=problem.schedule, keep=problem.keep,
+                      recency_margin_s=recency_margin_s,
+                      params_start_on_host=problem.params_start_on_host,
+                      small_threshold_bytes=problem.small_threshold_bytes,
+                      compiled=problem.compiled)
+    return PlanResult(res.plan, res)
+
+
+@register("swapadvisor")
+def swapadvisor(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
+                config: search.SearchConfig = search.SearchConfig()) -> PlanResult:
+    """The genetic search as published: every pool object has memory of its own."""
+    return genetic(problem, budget_bytes, spec,
+                   config=dataclasses.replace(config, pool_layout="disjoint",
+                                              byte_planner=False))
+
+
+@register("tfswap")
+def tfswap_search(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
+                  config: search.SearchConfig = search.SearchConfig()) -> PlanResult:
+    """The genetic search with a shared pool, also trying the byte-cap planner."""
+    return genetic(problem, budget_bytes, spec,
+                   config=dataclasses.replace(config, pool_layout="shared", byte_planner=True))
+
+
+@register("tfswap.order")
+def order(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
+          recency_margin_s: float = 0.0) -> PlanResult:
+    """The swap planner on TF's order with the default pool (one class per size)."""
+    plan = plan_swaps(problem.graph, budget_bytes, spec, schedule=problem.schedule,
+                      keep=problem.keep, recency_margin_s=recency_margin_s,
+                      params_start_on_host=problem.params_start_on_host,
+                      small_threshold_bytes=problem.small_threshold_bytes,
+                      compiled=problem.compiled)
+    return PlanResult(dataclasses.replace(plan, planner="tfswap.order"))
+
+
+@register(search.BYTES_PLANNER_NAME)
+def bytes_cap(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
+              memory: str = "shared") -> PlanResult:
+    """The byte-cap planner (:mod:`tfswap.core.byte_planner`) on TF's order."""
+    _host_parameters_unsupported(problem, search.BYTES_PLANNER_NAME)
+    plan = byte_planner.plan(problem.graph, budget_bytes, spec, schedule=problem.schedule,
+                             keep=problem.keep, compiled=problem.compiled, memory=memory)
+    return PlanResult(dataclasses.replace(plan, planner=search.BYTES_PLANNER_NAME))
+
+
+def _baseline(name: str, policy: Callable[..., Plan]) -> Planner:
+    def planner(problem: Problem, budget_bytes: int, spec: DeviceSpec,
+                **options: Any) -> PlanResult:
+        _host_parameters_unsupported(problem, name)
+        return PlanResult(policy(problem.graph, budget_bytes, spec, schedule=problem.schedule,
+                                 keep=problem.keep, compiled=problem.compiled, **options))
+    planner.__name__ = planner.__qualname__ = f"baseline_{name}"
+    planner.__doc__ = f"The {name!r} baseline (:mod:`tfswap.core.baselines`)."
+    return planner
+
+
+for _name, _policy in baselines.BASELINES.items():
+    register(_name)(_baseline(_name, _policy))
+
+BASELINE_NAMES = tuple(baselines.BASELINES)
+
+__all__ = ["BASELINE_NAMES", "Infeasible", "PLANNERS", "PlanResult", "Planner",
+           "UnsupportedProblem", "fit_to_budget", "get", "register", "run"]

@@ -1,0 +1,569 @@
+"""The stages of :func:`tfswap.optimize`, each a function from one typed value to the next.
+
+::
+
+    prepare(concrete_fn, options)   -> Prepared     capture, profile, lower to a Problem
+    plan(prepared, attempt)         -> Planned      a planner from tfswap.core.planners
+    materialize(planned)            -> Materialized rewrite with swap ops, bind variables
+    verify(materialized)            -> Verified     the device peak, measured
+    refine(verified)                -> Attempt      the next attempt, by a named remedy
+
+``optimize`` runs them in that order; ``refine`` sends it back to ``plan``
+with a changed :class:`Attempt` (a smaller small-tensor threshold, the
+disjoint pool, less room) until a plan measures within the budget, the
+remedies run out (:class:`~tfswap.core.budget.BudgetError`) or the deadline
+of the whole call passes.  Benchmarks and tests call the stages directly.
+
+TensorFlow is imported when a stage first runs, not with this module.
+
+Example::
+
+    options = Options.of("12MiB", device_spec="cpu-emulated", generations=5)
+    prepared = prepare(cf, options)
+    attempt = first_attempt(prepared)
+    made = materialize(plan(prepared, attempt))
+    verify(made).measured_peak_bytes
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tfswap.core import planners, search
+from tfswap.core.budget import BudgetError, parse_budget
+from tfswap.core.devices import DeviceSpec, cpu_emulated, device_spec as resolve_spec
+from tfswap.core.graph import DataflowGraph
+from tfswap.core.infeasible import Infeasible
+from tfswap.core.plan import Plan, Prediction
+from tfswap.core.problem import Problem
+
+PROFILES = ("auto", "trace", "isolated", "analytic")
+SMALLEST_SMALL_BYTES = 4 << 10   # the default small-tensor threshold's floor
+# Sessions the rewritten step is measured in (3 runs each) before it is accepted.
+VERIFY_SESSIONS = 2
+NO_SWAP = "tfswap.no-swap"   # the planner name of a step that fits as it is
+
+
+class NoDeviceError(RuntimeError):
+    """Neither a GPU nor the emulated device is there to run the step on."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """The validated arguments of :func:`tfswap.optimize` (see its docstring)."""
+
+    memory_budget: Any
+    device: str | None = None
+    host: str | None = None
+    device_spec: str | DeviceSpec | None = None
+    profile: str = "auto"
+    search_time_s: float = 60.0
+    generations: int | None = None
+    seed: int = 0
+    workers: int | None = None
+    executor: Executor | None = None
+    mode: str = "joint"
+    inputs: Any = None
+    safety_margin: float = 0.05
+    small_tensor_bytes: int | None = None
+    verify_rounds: int = 3
+    pool_layout: str = "shared"
+    byte_planner: bool = False
+    progress: bool = False
+
+    @classmethod
+    def of(cls, memory_budget, **kwargs) -> "Options":
+        options = cls(memory_budget, **kwargs)
+        options.check()
+        return options
+
+    def check(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
+        if self.pool_layout not in search.POOL_LAYOUTS:
+            raise ValueError(f"pool_layout must be one of {search.POOL_LAYOUTS}, got "
+                             f"{self.pool_layout!r}")
+        if not 0.0 <= self.safety_margin < 1.0:
+            raise ValueError(f"safety_margin must be a fraction in [0, 1), got "
+                             f"{self.safety_margin!r}")
+        if not (isinstance(self.search_time_s, (int, float)) and self.search_time_s > 0):
+            raise ValueError(f"search_time must be > 0 seconds, got {self.search_time_s!r}")
+        small = self.small_tensor_bytes
+        if small is not None and (isinstance(small, bool) or not isinstance(small, int)
+                                  or small < 0):
+            raise ValueError(f"small_tensor_bytes must be an int >= 0 (bytes), got {small!r}")
+        if isinstance(self.verify_rounds, bool) or not isinstance(self.verify_rounds, int) \
+                or self.verify_rounds < 0:
+            raise ValueError(f"verify_rounds must be an int >= 0, got {self.verify_rounds!r}")
+        # The search's own arguments are checked where they are defined.
+        search.SearchConfig(time_budget_s=None, max_generations=self.generations or 0,
+                            seed=self.seed, workers=self.workers, executor=self.executor,
+                            mode=self.mode, progress=self.progress,
+                            pool_layout=self.pool_layout, byte_planner=self.byte_planner)
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """The captured step lowered at one small-tensor threshold: the TF adapter's
+    ``LoweredGraph`` and the :class:`Problem` the planners see."""
+
+    lowered: Any
+    problem: Problem
+    unconstrained: Plan   # TF's order, no memory limit
+
+    @property
+    def small(self) -> int:
+        return self.problem.small_threshold_bytes
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything ``plan`` needs: the step, its profile, its problem, the budget."""
+
+    options: Options
+    captured: Any
+    profile: Any
+    step: Lowered
+    spec: DeviceSpec
+    budget_bytes: int
+    device: str
+    host: str
+    feed: list
+    deadline: float | None    # time.monotonic() by which the whole call ends
+    notes: tuple[str, ...]
+
+    @property
+    def measured_over(self) -> bool:
+        """The traced unmodified step measured above the budget."""
+        return self.profile.source == "trace" and (self.profile.peak_bytes or 0) > self.budget_bytes
+
+    @property
+    def verifiable(self) -> bool:
+        """Whether this machine can measure the device's peak (the emulated device)."""
+        from tfswap.tf import emulate
+
+        return (self.options.verify_rounds > 0 and emulate.is_active()
+                and self.device == emulate.DEVICE)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One way of planning the prepared step: the lowering, the planner's budget,
+    the pool layout, and what led here."""
+
+    step: Lowered
+    planner_budget: int
+    outside_bytes: int    # device bytes the planner does not see (unread variables)
+    pool_layout: str
+    replans: int = 0      # remedies after a measured excess
+    measured_bytes: int | None = None   # the last plan's measured peak, if one exceeded
+    threshold_lowered: bool = False
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Planned:
+    prepared: Prepared
+    attempt: Attempt
+    plan: Plan
+    search: search.SearchResult | None
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Materialized:
+    planned: Planned
+    rewritten: Any
+    bound: Any
+
+
+@dataclass(frozen=True)
+class Verified:
+    materialized: Materialized
+    measured_peak_bytes: int | None   # None: this device's peak cannot be measured here
+
+    @property
+    def within_budget(self) -> bool:
+        budget = self.materialized.planned.prepared.budget_bytes
+        return self.measured_peak_bytes is None or self.measured_peak_bytes <= budget
+
+
+# ---------------------------------------------------------------- prepare
+
+def prepare(concrete_fn, options: Options) -> Prepared:
+    """Capture ``concrete_fn``, profile it and lower it to a :class:`Problem`."""
+    from tfswap.tf import capture as capture_mod
+
+    started = time.monotonic()
+    deadline = None if options.generations is not None else started + options.search_time_s
+    device, host = placement(options.device, options.host)
+    captured = capture_mod.capture(concrete_fn, device=device)
+    spec = spec_for(options.device_spec, device)
+    budget = parse_budget(options.memory_budget, spec.memory_bytes)
+    capture_mod.warn_legacy_random(captured)
+    feed = list(options.inputs) if options.inputs is not None else \
+        sample_inputs(captured, options.seed)
+    prof = _profile(captured, options.profile, spec, feed, device)
+    if options.small_tensor_bytes is not None:
+        step = lower(captured, prof, spec, options.small_tensor_bytes)
+    else:
+        # From the step, not the budget: a budget-dependent threshold would
+        # make the smallest feasible budget a BudgetError names infeasible
+        # again when passed back (other tensors become small).  Without a
+        # measured peak (analytic, isolated), the unconstrained plan's.
+        step = lower(captured, prof, spec, small_threshold(prof.peak_bytes or 0))
+        if not prof.peak_bytes:
+            wanted = small_threshold(step.unconstrained.prediction.peak_bytes)
+            if wanted != step.small:
+                step = lower(captured, prof, spec, wanted)
+    if prof.source != "trace":
+        from tfswap.tf.shapes import refuse_unsized
+
+        refuse_unsized(captured, step.lowered, prof.source)
+    return Prepared(options, captured, prof, step, spec, budget, device, host, feed, deadline,
+                    (f"profile: {prof.source}, {time.monotonic() - started:.1f} s",))
+
+
+def with_budget(prepared: Prepared, memory_budget) -> Prepared:
+    """The same prepared step at another budget (a study of several budgets profiles
+    the step once)."""
+    return dataclasses.replace(prepared, budget_bytes=parse_budget(
+        memory_budget, prepared.spec.memory_bytes),
+        options=dataclasses.replace(prepared.options, memory_budget=memory_budget))
+
+
+def lower(captured, prof, spec: DeviceSpec, small: int) -> Lowered:
+    """The captured step as the planners see it, with tensors under ``small`` bytes
+    in the small pool.  Every plan here has ``params_start_on_host``: TensorFlow
+    keeps no device copy of a host variable between steps."""
+    from tfswap.tf import ir
+
+    lowered = ir.lower(captured, prof, small_bytes=small)
+    problem = Problem.of(pin_parameters(lowered.graph, lowered.resident),
+                         keep=tuple(lowered.fetches) + tuple(lowered.assigned),
+                         schedule=lowered.schedule(), small_threshold_bytes=small,
+                         params_start_on_host=True)
+    unconstrained = planners.run("tfswap.order", problem, 1 << 62, spec).plan
+    return Lowered(lowered, problem, unconstrained)
+
+
+def pin_parameters(graph: DataflowGraph, resident) -> DataflowGraph:
+    """Mark the device variables' value tensors (``resident``) unswappable.
+
+    A variable the user created on the device stays there.  One created in
+    host memory (under ``tf.device(host)``) is read on the host; each read is
+    a parameter the plan fetches before its first use on the device.
+    """
+    pinned = set(resident)
+    tensors = [dataclasses.replace(t, swappable=False) if t.name in pinned else t
+               for t in graph.tensors]
+    return DataflowGraph.build(
+        [dataclasses.replace(op, outputs=()) for op in graph.ops],
+        [dataclasses.replace(t, producer=-1, consumers=()) for t in tensors])
+
+
+def small_threshold(step_peak_bytes: int) -> int:
+    """Default small-tensor threshold: 1/1024 of the step's no-swap peak, 4 KiB to 1 MiB."""
+    return int(min(1 << 20, max(SMALLEST_SMALL_BYTES, step_peak_bytes // 1024)))
+
+
+def placement(device: str | None, host: str | None) -> tuple[str, str]:
+    """Where the step runs and where swapped tensors wait."""
+    from tfswap.tf import emulate
+
+    import tensorflow as tf
+
+    if device is not None or host is not None:
+        if device is None or host is None:
+            raise ValueError("pass both device and host (e.g. '/device:GPU:0' and "
+                             "'/device:CPU:0'), or neither")
+        return device, host
+    if emulate.is_active():
+        return emulate.DEVICE, emulate.HOST
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        return gpus[0].name, "/device:CPU:0"
+    raise NoDeviceError(
+        "tfswap found no GPU and the emulated device is not set up. On a machine without "
+        "a GPU call tfswap.tf.emulate.setup() before TensorFlow creates its devices (before "
+        "building models), or pass device= and host= explicitly.")
+
+
+def spec_for(device_spec, device: str) -> DeviceSpec:
+    """The device's figures: the given spec, the emulated device's, or the V100's."""
+    if device_spec is not None:
+        return resolve_spec(device_spec)
+    if "CPU" in device.upper():
+        return cpu_emulated()
+    return resolve_spec("v100-16g-pcie3")
+
+
+def sample_inputs(captured, seed: int) -> list:
+    """Inputs of the right shapes and dtypes for profiling runs (never the user's data)."""
+    rng = np.random.default_rng(seed)
+    values = []
+    for arg in captured.args:
+        dtype = arg.dtype.as_numpy_dtype
+        if arg.dtype.is_floating:
+            values.append(rng.standard_normal(arg.shape).astype(dtype))
+        else:  # integer ids and labels: zeros are in range for any vocabulary
+            values.append(np.zeros(arg.shape, dtype=dtype))
+    return values
+
+
+def _profile(captured, kind: str, spec: DeviceSpec, feed, device: str):
+    from tfswap.tf import profile as profiler
+
+    import tensorflow as tf
+
+    if kind == "analytic":
+        return profiler.analytic(captured, spec)
+    if kind == "isolated":
+        return profiler.isolated(captured, device=device)
+    try:
+        return profiler.trace(captured, feed, device=device)
+    except tf.errors.ResourceExhaustedError:
+        if kind == "trace":
+            raise
+        # "auto": the unmodified step does not fit; time each op alone instead.
+        return profiler.isolated(captured, device=device)
+
+
+# ---------------------------------------------------------------- plan
+
+def planner_budget(budget: int, lowered, safety_margin: float) -> tuple[int, int]:
+    """Bytes the planner may use, and the device bytes it does not see.
+
+    Variables that the step never reads are not in the graph but live on the
+    device; the planner sees every variable the step reads (as resident
+    buffers).
+    """
+    from tfswap.core import liveness
+
+    roots = {liveness.buffer_root(lowered.graph, t) for t in lowered.resident}
+    seen = sum(lowered.graph.tensor(t).nbytes for t in roots)
+    outside = max(0, lowered.variable_bytes - seen)
+    usable = int(budget * (1.0 - safety_margin)) - outside
+    if usable <= 0:
+        raise BudgetError(f"memory_budget of {budget} bytes does not even hold the step's "
+                          f"variables ({lowered.variable_bytes} bytes); raise it")
+    return usable, outside
+
+
+def first_attempt(prepared: Prepared) -> Attempt:
+    """The attempt at the default threshold, layout and margin."""
+    return _attempt_at(prepared, prepared.step, prepared.options.pool_layout)
+
+
+def _attempt_at(prepared: Prepared, step: Lowered, layout: str, **changes) -> Attempt:
+    usable, outside = planner_budget(prepared.budget_bytes, step.lowered,
+                                     prepared.options.safety_margin)
+    return Attempt(step, usable, outside, layout, **changes)
+
+
+def fits_unmodified(prepared: Prepared, attempt: Attempt) -> bool:
+    """Whether the step needs no swaps: its model fits, and no trace measured otherwise."""
+    peak = attempt.step.unconstrained.prediction.peak_bytes
+    return peak <= attempt.planner_budget and not prepared.measured_over
+
+
+def plan(prepared: Prepared, attempt: Attempt, planner: str | None = None,
+         **options) -> Planned:
+    """The genetic search's plan for ``attempt``, or the planner's on TF's order
+    where the search's size classes do not fit.  Raises :class:`Infeasible`.
+
+    ``planner``: run exactly this planner of :mod:`tfswap.core.planners` (with
+    ``options``) instead, even where the step fits unmodified.
+    """
+    notes = attempt.notes
+    problem = attempt.step.problem
+    if planner is not None:
+        result = planners.run(planner, problem, attempt.planner_budget, prepared.spec, **options)
+        return Planned(prepared, attempt, _finish(result.plan, prepared, attempt),
+                       result.search, notes)
+    if fits_unmodified(prepared, attempt):
+        unconstrained = attempt.step.unconstrained
+        notes += ("the step already fits the budget: no swaps" if not unconstrained.swaps
+                  else "the step already fits the budget: it only fetches the host-homed "
+                  "variables it reads",)
+        found = dataclasses.replace(unconstrained, planner=NO_SWAP)
+        return Planned(prepared, attempt, _finish(found, prepared, attempt), None, notes)
+    try:
+        result = planners.run(search.PLANNER_NAME, problem, attempt.planner_budget,
+                              prepared.spec, config=_search_config(prepared, attempt))
+    except Infeasible:
+        # The search's pools round sizes up to classes; the planner on TF's
+        # order with exact sizes is what the smallest budget is computed from,
+        # so a budget at or above it still gets a plan.
+        result = planners.run("tfswap.order", problem, attempt.planner_budget, prepared.spec)
+        notes += ("the genetic search found no size-class pool within the budget: planned on "
+                  "TensorFlow's order with exact sizes",)
+    return Planned(prepared, attempt, _finish(result.plan, prepared, attempt), result.search,
+                   notes)
+
+
+def _search_config(prepared: Prepared, attempt: Attempt) -> search.SearchConfig:
+    o = prepared.options
+    limit: dict = {"time_budget_s": None, "max_generations": o.generations}
+    if o.generations is None:
+        left = prepared.deadline - time.monotonic()
+        # Past the deadline: the first generation only (TF's order and its mutants).
+        limit = {"time_budget_s": left, "max_generations": None} if left > 0 else \
+            {"time_budget_s": None, "max_generations": 0}
+    return search.SearchConfig(**limit, seed=o.seed, workers=o.workers, executor=o.executor,
+                               mode=o.mode, progress=o.progress,
+                               pool_layout=attempt.pool_layout, byte_planner=o.byte_planner)
+
+
+def _finish(found: Plan, prepared: Prepared, attempt: Attempt) -> Plan:
+    return finish(found, prepared.captured, attempt.step.lowered, prepared.budget_bytes,
+                  attempt.outside_bytes)
+
+
+def finish(found: Plan, captured, lowered, budget_bytes: int, outside_bytes: int) -> Plan:
+    """A planner's plan as the rewrite takes it: swaps of the tensors TF holds, the
+    user's budget, the graph's fingerprint, and a peak that counts the device bytes
+    the planner does not see."""
+    from tfswap.tf import capture as capture_mod
+    from tfswap.tf.tensor_swaps import tensor_swaps
+
+    found = tensor_swaps(found, lowered.graph)
+    return dataclasses.replace(found, budget_bytes=budget_bytes,
+                               graph_fingerprint=capture_mod.fingerprint(captured),
+                               prediction=_with_outside(found.prediction, outside_bytes))
+
+
+def _with_outside(prediction: Prediction, outside: int) -> Prediction:
+    if prediction.peak_bytes is None:
+        return prediction
+    return dataclasses.replace(prediction, peak_bytes=prediction.peak_bytes + outside)
+
+
+def minimum_budget(prepared: Prepared, attempt: Attempt) -> int:
+    """The smallest budget (with 5% headroom) whose planner budget the plan on TF's
+    order accepts."""
+    step = attempt.step
+    high = step.unconstrained.prediction.peak_bytes
+    need, _ = planners.fit_to_budget("tfswap.order", step.problem, prepared.spec, high=high)
+    # 5% headroom: the default schedule is TF's traced order, which varies from
+    # run to run, and the bisection is for this run's order only.
+    return int(1.05 * (need + attempt.outside_bytes) / (1.0 - prepared.options.safety_margin)) + 1
+
+
+# ---------------------------------------------------------------- materialize, verify
+
+def materialize(planned: Planned) -> Materialized:
+    """The rewritten graph (swap ops, control edges) bound to the user's variables."""
+    from tfswap.tf import rewrite, runtime
+
+    prepared = planned.prepared
+    rewritten = rewrite.rewrite(prepared.captured, planned.plan, prepared.device, prepared.host)
+    return Materialized(planned, rewritten, runtime.bind(prepared.captured, rewritten.graph_def))
+
+
+def verify(made: Materialized) -> Verified:
+    """The rewritten step's device peak, measured where this machine can (the worst of
+    3 runs in each of 2 sessions), else None."""
+    prepared = made.planned.prepared
+    # A step that fits unmodified was measured by its traced profile already.
+    if not prepared.verifiable or made.planned.plan.planner == NO_SWAP:
+        return Verified(made, None)
+    from tfswap.tf import measure
+
+    # The worst of 3 runs: how soon a swap-in starts after its trigger depends
+    # on the executor's threads, which moves the measured peak below the
+    # plan's bound from run to run (fuzz seed 1058: 624656 to 690192 B for
+    # one plan predicted at 690204 B).  In 2 sessions: runs within a session
+    # agree, sessions need not (fuzz seed 1271's byte-cap plan: 394764 B in
+    # the first session, 427532 B in the next four, 443916 B in another run).
+    peak = max(measure.measure(prepared.captured, made.rewritten.graph_def, prepared.feed,
+                               runs=3, warmup=1).peak_bytes for _ in range(VERIFY_SESSIONS))
+    return Verified(made, peak)
+
+
+# ---------------------------------------------------------------- refine
+
+def after_infeasible(prepared: Prepared, attempt: Attempt, err: Infeasible) -> Attempt:
+    """The next attempt when ``plan`` found no plan, or BudgetError naming the smallest
+    budget that can work."""
+    if attempt.measured_bytes is not None:
+        raise BudgetError(
+            f"memory_budget {prepared.budget_bytes} bytes: the rewritten step measured "
+            f"{attempt.measured_bytes} bytes on the emulated device (more than the memory "
+            f"model predicted), and with that much less room no plan fits. Pass at least "
+            f"about {int(1.05 * attempt.measured_bytes) + 1} bytes (what that plan measured, "
+            f"plus 5%), or raise safety_margin. (Planner: {err})") from err
+    if prepared.options.small_tensor_bytes is None and not attempt.threshold_lowered \
+            and attempt.step.small > SMALLEST_SMALL_BYTES:
+        # Remedy "smaller small pool": tensors under the threshold share one
+        # pool that nothing swaps; at a tight budget that pool is what does not
+        # fit.  (Or not: more tensors in size classes can also need more; the
+        # budget named if both fail is the smaller of the two minimums.)
+        step = lower(prepared.captured, prepared.profile, prepared.spec, SMALLEST_SMALL_BYTES)
+        note = (f"no plan with tensors under {attempt.step.small} B kept in the small pool: "
+                f"planned with {step.small} B")
+        return _attempt_at(prepared, step, attempt.pool_layout, threshold_lowered=True,
+                           notes=attempt.notes + (note,))
+    minimum = minimum_budget(prepared, attempt)
+    if attempt.threshold_lowered:
+        minimum = min(minimum, minimum_budget(prepared, first_attempt(prepared)))
+    raise BudgetError(
+        f"memory_budget {prepared.options.memory_budget!r} ({prepared.budget_bytes} bytes) is "
+        f"below what this step needs at once: {working_set_text(attempt.step.problem)}. The "
+        f"smallest budget that can work is about {minimum} bytes ({minimum / 2**20:.2f} MiB); "
+        f"pass at least that. (Planner: {err})") from err
+
+
+def refine(verified: Verified) -> Attempt:
+    """The next attempt after a measured peak over the budget: first the disjoint
+    pool (remedy "disjoint pool"), then less room by the excess ("less room"), at
+    most ``verify_rounds`` times; then BudgetError."""
+    planned = verified.materialized.planned
+    prepared, attempt = planned.prepared, planned.attempt
+    budget, measured = prepared.budget_bytes, verified.measured_peak_bytes
+    if attempt.replans >= prepared.options.verify_rounds:
+        raise BudgetError(
+            f"after {attempt.replans} re-plans the measured peak ({measured} B) still "
+            f"exceeds memory_budget {budget} B; raise the budget or the safety_margin")
+    excess = measured - budget
+    replans = attempt.replans + 1
+    if attempt.pool_layout == "shared":
+        # A shared arena is packed to the planner's budget, so what the model
+        # misses shows at once; the disjoint pool's rounding leaves room for it.
+        note = (f"measured peak {measured} B exceeded the budget by {excess} B with the shared "
+                "pool layout: re-planned with the disjoint one")
+        return dataclasses.replace(attempt, pool_layout="disjoint", replans=replans,
+                                   measured_bytes=measured, notes=planned.notes + (note,))
+    # The memory model missed what TF did (e.g. an in-place forward that an
+    # extra reader prevented): plan again with that much less room.
+    note = (f"measured peak {measured} B exceeded the budget by {excess} B; re-planned with "
+            "that much less")
+    return dataclasses.replace(attempt, planner_budget=attempt.planner_budget - excess
+                               - budget // 100, replans=replans, measured_bytes=measured,
+                               notes=planned.notes + (note,))
+
+
+def working_set_text(problem: Problem) -> str:
+    """Which op needs the most device memory at once, and what else is always there."""
+    cg = problem.compiled
+    per_op = cg.op_working_set()
+    k = int(np.argmax(per_op))
+    op = problem.graph.ops[k]
+    pinned = int(cg.buf_bytes[(cg.buf_pinned & cg.buf_persistent).astype(bool)].sum())
+    small_peak = cg.small_pool_peak(cg.order_of(problem.schedule))
+    return (f"op {op.name!r} ({op.type}) needs {int(per_op[k])} bytes at once for its inputs, "
+            f"outputs and scratch, while the parameters that stay on the device take {pinned} "
+            f"bytes and small tensors up to {small_peak} bytes")
+
+
+__all__ = ["Attempt", "Lowered", "Materialized", "NoDeviceError", "Options", "Planned",
+           "Prepared", "Verified", "after_infeasible", "finish", "first_attempt", "lower",
+           "materialize", "minimum_budget", "pin_parameters", "placement", "plan",
+           "planner_budget", "prepare", "refine", "sample_inputs", "small_threshold",
+           "spec_for", "verify", "with_budget", "working_set_text"]
