@@ -29,7 +29,10 @@ import sys
 
 import numpy as np
 
-from tfswap import paper_models
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ beside tfswap/
+from research import paper_models
+from tfswap.core.infeasible import Infeasible
 from tfswap.core import baselines, byte_planner, layout, simulator
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import device_spec
@@ -102,15 +105,15 @@ def link_bound(cg, order, spec, budget: int) -> float:
 def row(model: str, batch: int, spec_name: str, cap: float, cache: str) -> str:
     spec = device_spec(spec_name)
     budget = spec.memory_bytes
-    graph, keep = paper_models.lowered(model, batch, spec_name, cache)
-    cg = CompiledGraph.build(graph, keep=keep)
+    problem = paper_models.lowered(model, batch, spec_name, cache)
+    graph, keep, cg = problem.graph, problem.keep, problem.compiled
     ideal = baselines.ideal(graph, budget, spec, keep=keep, compiled=cg).prediction.step_time_s
     cells = [f"{model} b{batch}"]
     for recompute in (True, False):
         try:
             p = baselines.capuchin(graph, budget, spec, keep=keep, compiled=cg, recompute=recompute)
             cells.append(f"{ideal / p.prediction.step_time_s:.3f}")
-        except baselines.Infeasible:
+        except Infeasible:
             cells.append("OOM")
             p = None
         if recompute and p is not None:
@@ -122,7 +125,7 @@ def row(model: str, batch: int, spec_name: str, cap: float, cache: str) -> str:
         try:
             p = byte_planner.plan(graph, budget, spec, compiled=cg, memory=memory)
             cells.append(f"{ideal / p.prediction.step_time_s:.3f}")
-        except ValueError as err:
+        except Infeasible as err:
             cells.append(f"({str(err)[:40]})")
     order = cg.order_of(None)
     prog = byte_planner.build_program(cg, order, spec,

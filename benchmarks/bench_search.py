@@ -21,11 +21,13 @@ import argparse
 import sys
 import time
 
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ beside tfswap/
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import device_spec
 from tfswap.core.planner import default_allocation
 from tfswap.core.search import SearchConfig, plan
-from tfswap.core.synthetic import layered_training_step
+from research.synthetic import layered_training_step
 
 
 def real_graph(model: str, batch: int | None, spec):

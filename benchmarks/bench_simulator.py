@@ -14,13 +14,16 @@ from __future__ import annotations
 import argparse
 import time
 
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ beside tfswap/
 from tfswap.core import native
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import device_spec
 from tfswap.core.planner import build_program, default_allocation
 from tfswap.core.program import buffer_classes
 from tfswap.core.simulator import run_program
-from tfswap.core.synthetic import layered_training_step
+from research.synthetic import layered_training_step
 
 
 def best_seconds(fn, rounds: int = 5, calls: int = 10) -> float:

@@ -42,7 +42,7 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.core.protobuf import config_pb2  # noqa: E402
 
 from tfswap import ops  # noqa: E402
-from tfswap.core import fidelity  # noqa: E402
+from research import fidelity  # noqa: E402
 from tfswap.core.devices import cpu_emulated  # noqa: E402
 
 

@@ -87,7 +87,7 @@ error measures the model of swapping (stalls, overlap, the executor's cost of
 the added ops), not the absolute compute speed, which no model here predicts.
 
 Writes ``fidelity.csv`` (one row per individual) and prints the per-model
-Markdown table (``tfswap.core.fidelity``: errors are (measured -
+Markdown table (``research.fidelity``: errors are (measured -
 simulated) / measured; "orders kept" as in the paper's Fig. 11).
 """
 
@@ -108,7 +108,8 @@ import numpy as np  # noqa: E402
 
 from tfswap import pipeline, zoo  # noqa: E402
 from tfswap.core.infeasible import Infeasible  # noqa: E402
-from tfswap.core import fidelity, simulator  # noqa: E402
+from tfswap.core import simulator  # noqa: E402
+from research import fidelity  # noqa: E402
 from tfswap.core.compiled import CompiledGraph  # noqa: E402
 from tfswap.core.devices import cpu_emulated  # noqa: E402
 from tfswap.core.planner import plan_swaps  # noqa: E402

@@ -6,12 +6,16 @@ peak-crossing heuristic plan, on the emulated device.
 
 import argparse
 
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ beside tfswap/
 from tfswap.tf import emulate
 
 emulate.setup()
 
 from tfswap import zoo  # noqa: E402
-from tfswap.tf import capture, measure, quickplan, rewrite  # noqa: E402
+from tfswap.tf import capture, measure, rewrite  # noqa: E402
+from research import quickplan  # noqa: E402
 
 
 def main():

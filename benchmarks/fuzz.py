@@ -2,10 +2,10 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/fuzz.py --graphs 500 --seed 0
 
-Graph k is ``tfswap.tf.fuzz.random_step(seed + k)``; each is optimised at a
+Graph k is ``research.fuzz.random_step(seed + k)``; each is optimised at a
 random budget between the smallest feasible one (named by a BudgetError) and
 its measured unmodified peak, then must measure at most the budget and train
-bit for bit like the step without swaps (:func:`tfswap.tf.fuzz.check`).
+bit for bit like the step without swaps (:func:`research.fuzz.check`).
 Prints one line per graph that did not pass, then a summary: graphs tried,
 passed, skipped (already fitting / infeasible, with reasons), refused, and
 failures with the seed to reproduce (``--graphs 1 --seed S``).  Exit status
@@ -18,11 +18,13 @@ import sys
 import time
 import warnings
 
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ beside tfswap/
 from tfswap.tf import emulate
 
 emulate.setup()
 
-from tfswap.tf import fuzz  # noqa: E402
+from research import fuzz  # noqa: E402
 
 
 def main() -> int:

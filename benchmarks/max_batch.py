@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from tfswap import paper_bench, paper_models
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ beside tfswap/
+from research import paper_bench, paper_models
 
 
 def main(argv=None) -> None:

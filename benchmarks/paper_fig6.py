@@ -1,6 +1,6 @@
 """SwapAdvisor Fig. 6: every policy's simulated throughput relative to ideal.
 
-For each model at its batch sizes (tfswap.paper_models.PAPER_BATCHES), on the
+For each model at its batch sizes (research.paper_models.PAPER_BATCHES), on the
 analytic profile of ``--spec`` (default v100-16g-pcie3) with the device's
 memory as the budget: ideal, no-swap, ODSwap, vDNN, TFLMS-style,
 Capuchin-style and tfswap's genetic search (``--generations``, default 100,
@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 
-from tfswap import paper_bench, paper_models
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ beside tfswap/
+from research import paper_bench, paper_models
 
 
 def main(argv=None) -> None:

@@ -5,13 +5,17 @@
 Runs on the emulated device (CPU:0 = accelerator, CPU:1 = host).
 """
 
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ beside tfswap/
 from tfswap.tf import emulate
 
 emulate.setup()  # before TensorFlow creates its devices
 
 from tfswap import zoo  # noqa: E402
 from tfswap.core.plan import Plan, Swap  # noqa: E402
-from tfswap.tf import capture, ir, measure, quickplan, rewrite, runtime  # noqa: E402
+from tfswap.tf import capture, ir, measure, rewrite, runtime  # noqa: E402
+from research import quickplan  # noqa: E402
 
 step = zoo.transformer(batch=8)
 captured = capture.capture(step.concrete_fn)

@@ -9,7 +9,7 @@ import pytest
 
 from tfswap import report
 from tfswap.core import search as ga
-from tfswap.core import synthetic
+from research import synthetic
 from tfswap.core.devices import device_spec
 from tfswap.core.plan import Plan
 from tfswap.core.planner import plan_swaps

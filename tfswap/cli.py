@@ -8,9 +8,9 @@ Subcommands, one function each:
 * ``tfswap plan MODULE:FUNCTION --budget 8GiB``: plan a step of your own,
   print the plan's summary and write the plan (and optionally its trace and
   picture).
-* ``tfswap bench``: SwapAdvisor's Fig. 6 comparison (:mod:`tfswap.paper_bench`):
-  every baseline policy and tfswap's search on the paper's models, simulated
-  on an analytic device profile; writes a CSV, a Markdown table and a chart.
+
+SwapAdvisor's Fig. 6 comparison is a benchmark, not a command of the library:
+``python benchmarks/paper_fig6.py`` (research/paper_bench.py).
 
 Example::
 
@@ -321,31 +321,8 @@ def _add_plan(sub) -> None:
     p.set_defaults(run=plan)
 
 
-def bench(args) -> int:
-    from tfswap import paper_bench
-
-    paper_bench.fig6(args.models, spec=args.spec, generations=args.generations,
-                     out_dir=args.out, progress=lambda line: print(line, flush=True))
-    print(f"written: {args.out}/fig6.csv, fig6.md, fig6.png")
-    return 0
-
-
-def _add_bench(sub) -> None:
-    from tfswap.paper_models import PAPER_BATCHES
-
-    p = sub.add_parser("bench", help="compare tfswap with the baseline policies on the "
-                                     "paper's models (simulated, analytic device profile)")
-    p.add_argument("--models", nargs="+", default=list(PAPER_BATCHES),
-                   choices=list(PAPER_BATCHES))
-    p.add_argument("--spec", default="v100-16g-pcie3", help="device preset (default V100 16 GB)")
-    p.add_argument("--generations", type=_positive_int, default=100,
-                   help="GA generations per row (default 100)")
-    p.add_argument("--out", default="tfswap-bench", help="folder for fig6.csv/.md/.png")
-    p.set_defaults(run=bench)
-
-
 # One entry per subcommand: a function that adds its parser (which sets `run`).
-SUBCOMMANDS = (_add_demo, _add_plan, _add_bench)
+SUBCOMMANDS = (_add_demo, _add_plan)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -210,18 +210,8 @@ def prepare(concrete_fn, options: Options) -> Prepared:
     feed = list(options.inputs) if options.inputs is not None else \
         sample_inputs(captured, options.seed)
     prof = _profile(captured, options.profile, spec, feed, device)
-    if options.small_tensor_bytes is not None:
-        step = lower(captured, prof, spec, options.small_tensor_bytes)
-    else:
-        # From the step, not the budget: a budget-dependent threshold would
-        # make the smallest feasible budget a BudgetError names infeasible
-        # again when passed back (other tensors become small).  Without a
-        # measured peak (analytic, isolated), the unconstrained plan's.
-        step = lower(captured, prof, spec, small_threshold(prof.peak_bytes or 0))
-        if not prof.peak_bytes:
-            wanted = small_threshold(step.unconstrained.prediction.peak_bytes)
-            if wanted != step.small:
-                step = lower(captured, prof, spec, wanted)
+    step = lower(captured, prof, spec, options.small_tensor_bytes) \
+        if options.small_tensor_bytes is not None else lower_default(captured, prof, spec)
     if prof.source != "trace":
         from tfswap.tf.shapes import refuse_unsized
 
@@ -236,6 +226,23 @@ def with_budget(prepared: Prepared, memory_budget) -> Prepared:
     return dataclasses.replace(prepared, budget_bytes=parse_budget(
         memory_budget, prepared.spec.memory_bytes),
         options=dataclasses.replace(prepared.options, memory_budget=memory_budget))
+
+
+def lower_default(captured, prof, spec: DeviceSpec) -> Lowered:
+    """The step lowered at the default small-tensor threshold (:func:`small_threshold`
+    of the step's no-swap peak).
+
+    From the step, not the budget: a budget-dependent threshold would make
+    the smallest feasible budget a BudgetError names infeasible again when
+    passed back (other tensors become small).  Without a measured peak
+    (analytic, isolated profiles), the unconstrained plan's.
+    """
+    step = lower(captured, prof, spec, small_threshold(prof.peak_bytes or 0))
+    if not prof.peak_bytes:
+        wanted = small_threshold(step.unconstrained.prediction.peak_bytes)
+        if wanted != step.small:
+            step = lower(captured, prof, spec, wanted)
+    return step
 
 
 def lower(captured, prof, spec: DeviceSpec, small: int) -> Lowered:
@@ -563,7 +570,7 @@ def working_set_text(problem: Problem) -> str:
 
 
 __all__ = ["Attempt", "Lowered", "Materialized", "NoDeviceError", "Options", "Planned",
-           "Prepared", "Verified", "after_infeasible", "finish", "first_attempt", "lower",
+           "Prepared", "Verified", "after_infeasible", "finish", "first_attempt", "lower", "lower_default",
            "materialize", "minimum_budget", "pin_parameters", "placement", "plan",
            "planner_budget", "prepare", "refine", "sample_inputs", "small_threshold",
            "spec_for", "verify", "with_budget", "working_set_text"]

@@ -12,7 +12,7 @@ from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.plan import Plan, Swap
 from tfswap.core.search import SearchConfig, plan as ga_plan
 from tfswap.core.simulator import simulate
-from tfswap.core.synthetic import layered_training_step
+from research.synthetic import layered_training_step
 from tests.core.plan_checks import MB, SPEC
 
 

@@ -11,7 +11,7 @@ from tfswap.core.infeasible import InfeasibleAllocation
 from tfswap.core.search import BYTES_PLANNER_NAME, PLANNER_NAME, SearchConfig
 from tfswap.core.search import plan as ga_plan
 from tfswap.core.simulator import simulate
-from tfswap.core.synthetic import layered_training_step
+from research.synthetic import layered_training_step
 from tests.core.plan_checks import SPEC
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tfswap.core import fidelity
+from research import fidelity
 
 
 def test_relative_errors_sign_says_who_was_optimistic():

@@ -9,7 +9,7 @@ from tfswap.core import allocation as al
 from tfswap.core import genetics as ge
 from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.native import schedule_ops
-from tfswap.core.synthetic import layered_training_step, random_dag
+from research.synthetic import layered_training_step, random_dag
 
 MB = 1 << 20
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,7 +9,7 @@ from tfswap.core.compiled import CompiledGraph
 from tfswap.core.plan import Allocation, Plan
 from tfswap.core.planner import plan_swaps
 from tfswap.core.search import SearchConfig
-from tfswap.core.synthetic import layered_training_step
+from research.synthetic import layered_training_step
 from tests.core.plan_checks import SPEC, budgets
 
 

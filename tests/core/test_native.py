@@ -10,7 +10,7 @@ from tfswap.core import native
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.planner import InfeasibleAllocation, build_program, default_allocation
 from tfswap.core.simulator import run_program
-from tfswap.core.synthetic import layered_training_step, random_dag
+from research.synthetic import layered_training_step, random_dag
 from tests.core.plan_checks import SPEC, budgets
 
 
@@ -113,6 +113,6 @@ def test_planner_modules_import_no_tensorflow():
     import subprocess
     import sys
     code = ("import sys, tfswap.core.allocation, tfswap.core.planner, tfswap.core.simulator, "
-            "tfswap.core.native, tfswap.core.synthetic; tfswap.core.native.library(); "
+            "tfswap.core.native, research.synthetic; tfswap.core.native.library(); "
             "assert 'tensorflow' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,7 +14,7 @@ from tfswap.core import planner
 from tfswap.core.planner import InfeasibleAllocation, build_program, default_allocation, plan_swaps
 from tfswap.core.program import from_plan, to_plan_swaps
 from tfswap.core.simulator import run_program, simulate
-from tfswap.core.synthetic import layered_training_step, random_dag
+from research.synthetic import layered_training_step, random_dag
 from tfswap.core.infeasible import Infeasible
 from tests.core.plan_checks import MB, SPEC, budgets
 

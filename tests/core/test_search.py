@@ -13,7 +13,7 @@ from tfswap.core.evaluation import Evaluator
 from tfswap.core.planner import default_allocation, plan_swaps
 from tfswap.core.search import SearchConfig
 from tfswap.core.simulator import PlanError
-from tfswap.core.synthetic import layered_training_step, random_dag
+from research.synthetic import layered_training_step, random_dag
 from tfswap.core.infeasible import Infeasible
 from tests.core.plan_checks import SPEC, budgets
 

@@ -11,7 +11,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tfswap.core import layout, synthetic
+from tfswap.core import layout
+from research import synthetic
 from tfswap.core.devices import device_spec
 from tfswap.core.planner import plan_swaps
 from tfswap.core.simulator import simulate

@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 from tfswap import zoo
-from tfswap.tf import capture, measure, quickplan, rewrite, runtime
+from tfswap.tf import capture, measure, rewrite, runtime
+from research import quickplan
 from tfswap.tf.emulate import DEVICE, HOST
 
 from .equality import assert_same_training

@@ -1,6 +1,6 @@
 """The fuzz property on a few random steps (the long run: benchmarks/fuzz.py)."""
 
-from tfswap.tf import fuzz
+from research import fuzz
 
 # Seeds whose random budget forces swaps (see the fuzz run in benchmarks/RESULTS.md).
 SEEDS = (3, 4, 5, 15, 16)

@@ -48,7 +48,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2   # 2: the Problem optimize plans (pinned parameters, TF order, threshold)
 STEPS = 32          # unrolled time steps of the LSTM stacks
 SEQ = 512           # BERT-base sequence length
 _ALIVE: list = []
@@ -220,12 +220,18 @@ def concrete_function(name: str, batch: int):
 
 
 def build_lowered(name: str, batch: int, spec: str):
-    """Capture, price and lower model ``name`` in this process: (graph, fetches)."""
-    from tfswap.tf import capture, ir, profile
+    """Capture, price and lower model ``name`` in this process, as ``optimize`` lowers a
+    step (:func:`tfswap.pipeline.lower_default`): the arguments of its
+    :class:`~tfswap.core.problem.Problem` (graph, keep, schedule, small threshold)."""
+    from tfswap import pipeline
+    from tfswap.core.devices import device_spec
+    from tfswap.tf import capture, profile
 
     captured = capture.capture(concrete_function(name, batch))
-    low = ir.lower(captured, profile.analytic(captured, spec))
-    return low.graph, tuple(low.fetches)
+    dev = device_spec(spec)
+    problem = pipeline.lower_default(captured, profile.analytic(captured, dev), dev).problem
+    return (problem.graph, problem.keep, problem.schedule, problem.small_threshold_bytes,
+            problem.params_start_on_host)
 
 
 def _cache_path(cache_dir: Path, name: str, batch: int, spec: str) -> Path:
@@ -234,34 +240,40 @@ def _cache_path(cache_dir: Path, name: str, batch: int, spec: str) -> Path:
 
 def lowered(name: str, batch: int, spec: str = "v100-16g-pcie3",
             cache_dir: str | os.PathLike = ".bench_cache"):
-    """Model ``name`` at ``batch`` lowered with analytic times for ``spec``: (graph, fetches).
+    """Model ``name`` at ``batch`` lowered with analytic times for ``spec``: the
+    :class:`~tfswap.core.problem.Problem` ``optimize`` would plan.
 
-    Built in a child process on first use and cached under ``cache_dir``.
+    Built in a child process on first use (TensorFlow's graph state stays out of
+    the caller) and cached under ``cache_dir``.
 
     Example::
 
-        graph, keep = lowered("rnn_8_2k", 256)
+        problem = lowered("rnn_8_2k", 256)
     """
     path = _cache_path(Path(cache_dir), name, batch, spec)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "tfswap.paper_models", name, str(batch), spec, str(path)]
+        cmd = [sys.executable, "-m", "research.paper_models", name, str(batch), spec, str(path)]
         root = str(Path(__file__).resolve().parent.parent)  # this tfswap, not an installed one
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if done.returncode != 0 or not path.exists():
             raise RuntimeError(f"building {name} batch {batch} failed:\n{done.stderr[-3000:]}")
+    from tfswap.core.problem import Problem
+
     with open(path, "rb") as f:
-        return pickle.load(f)
+        graph, keep, schedule, small, on_host = pickle.load(f)
+    return Problem.of(graph, keep=keep, schedule=schedule, small_threshold_bytes=small,
+                      params_start_on_host=on_host)
 
 
 def _main(argv) -> int:
     name, batch, spec, out = argv
-    graph, fetches = build_lowered(name, int(batch), spec)
+    built = build_lowered(name, int(batch), spec)
     tmp = Path(out).with_suffix(".tmp")
     with open(tmp, "wb") as f:
-        pickle.dump((graph, fetches), f, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.dump(built, f, protocol=pickle.HIGHEST_PROTOCOL)
     tmp.replace(out)
     return 0
 

@@ -23,19 +23,18 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tfswap.core import baselines
-from tfswap.core.compiled import CompiledGraph
+from tfswap.core import planners
 from tfswap.core.devices import device_spec
+from tfswap.core.infeasible import Infeasible
 from tfswap.core.search import SearchConfig
-from tfswap.core.search import plan as ga_plan
 
 TFSWAP = "tfswap"
 # The genetic search with the paper's pool (every object has memory of its own):
 # SwapAdvisor as published.  tfswap's own column lets objects share memory and
 # also tries the byte-cap planner (SearchConfig.byte_planner).
 SWAPADVISOR = "swapadvisor"
-POOL_LAYOUT = {SWAPADVISOR: "disjoint", TFSWAP: "shared"}
-POLICIES = tuple(baselines.BASELINES) + (SWAPADVISOR, TFSWAP)
+SEARCHES = (SWAPADVISOR, TFSWAP)   # registry planners that take a SearchConfig
+POLICIES = planners.BASELINE_NAMES + SEARCHES
 
 
 @dataclass(frozen=True)
@@ -63,10 +62,11 @@ class Outcome:
         return None if self.step_time_s is None else self.ideal_time_s / self.step_time_s
 
 
-def compare(graph, keep, model: str, batch: int, budget_bytes: int, spec, *,
+def compare(problem, model: str, batch: int, budget_bytes: int, spec, *,
             generations: int = 10, workers: int = 1, seed: int = 0,
             memory: str = "live", policies=POLICIES) -> list[Outcome]:
-    """Every policy in ``policies`` on ``graph`` under ``budget_bytes`` (see module doc).
+    """Every planner in ``policies`` (names of :data:`tfswap.core.planners.PLANNERS`) on
+    ``problem`` under ``budget_bytes`` (see module doc).
 
     ``memory``: how the baselines' fit is judged (:mod:`tfswap.core.baselines`);
     the genetic search's plans always fit their size-class pool in the budget:
@@ -74,32 +74,25 @@ def compare(graph, keep, model: str, batch: int, budget_bytes: int, spec, *,
     (:mod:`tfswap.core.layout`).
     """
     spec = device_spec(spec) if isinstance(spec, str) else spec
-    cg = CompiledGraph.build(graph, keep=keep)
-    ideal_time = baselines.ideal(graph, budget_bytes, spec, keep=keep,
-                                 compiled=cg).prediction.ideal_time_s
+    ideal_time = planners.run("ideal", problem, budget_bytes, spec).plan.prediction.ideal_time_s
+    config = SearchConfig(max_generations=generations, time_budget_s=None, workers=workers,
+                          seed=seed)
     out = []
     for name in policies:
         t0 = time.monotonic()
-        note = ""
+        options = {"config": config} if name in SEARCHES else {"memory": memory}
         try:
-            if name in POOL_LAYOUT:
-                res = ga_plan(graph, budget_bytes, spec, keep=keep, compiled=cg,
-                              config=SearchConfig(max_generations=generations, time_budget_s=None,
-                                                  workers=workers, seed=seed,
-                                                  pool_layout=POOL_LAYOUT[name],
-                                                  byte_planner=name == TFSWAP))
-                p = res.plan
-                note = (f"{p.planner}, {POOL_LAYOUT[name]} pool {p.allocation.total_bytes} B, "
-                        f"{res.generations} generations, {res.evaluations} simulations")
-            else:
-                p = baselines.BASELINES[name](graph, budget_bytes, spec, keep=keep, compiled=cg,
-                                              memory=memory)
-                if p.planner.startswith("baseline.tflms"):
-                    note = p.planner.removeprefix("baseline.")
-        except (baselines.Infeasible, ValueError) as err:
+            res = planners.run(name, problem, budget_bytes, spec, **options)
+        except Infeasible as err:
             out.append(Outcome(model, batch, name, budget_bytes, ideal_time, None, None, None,
                                time.monotonic() - t0, f"does not fit: {err}"[:300]))
             continue
+        p, note = res.plan, ""
+        if res.search is not None:
+            note = (f"{p.planner}, pool {p.allocation.total_bytes} B, {res.search.generations} "
+                    f"generations, {res.search.evaluations} simulations")
+        elif p.planner.startswith("baseline.tflms"):
+            note = p.planner.removeprefix("baseline.")
         pred = p.prediction
         out.append(Outcome(model, batch, name, budget_bytes, ideal_time, pred.step_time_s,
                            pred.peak_bytes, p.swapped_bytes, time.monotonic() - t0, note))
@@ -193,9 +186,9 @@ def fig6(models, *, spec: str = "v100-16g-pcie3", budget_bytes: int | None = Non
          cache_dir: str | Path = ".bench_cache", memory: str = "live", batches=None,
          policies=POLICIES, progress=print) -> list[Outcome]:
     """Every policy on ``models`` at their paper batch sizes
-    (:data:`tfswap.paper_models.PAPER_BATCHES`, or ``batches``), under ``budget_bytes``
+    (:data:`research.paper_models.PAPER_BATCHES`, or ``batches``), under ``budget_bytes``
     (default: the device's memory); writes fig6.csv, fig6.md and fig6.png in ``out_dir``."""
-    from tfswap import paper_models
+    from research import paper_models
 
     dev = device_spec(spec)
     budget = int(budget_bytes or dev.memory_bytes)
@@ -205,12 +198,12 @@ def fig6(models, *, spec: str = "v100-16g-pcie3", budget_bytes: int | None = Non
     for model in models:
         for batch in (batches or paper_models.PAPER_BATCHES[model]):
             try:
-                graph, keep = paper_models.lowered(model, batch, spec, cache_dir)
+                problem = paper_models.lowered(model, batch, spec, cache_dir)
             except RuntimeError as err:  # a model that cannot be built here: say so, go on
                 if progress:
                     progress(f"{model} b{batch}: not built: {str(err)[-500:]}")
                 continue
-            rows = compare(graph, keep, model, batch, budget, dev, generations=generations,
+            rows = compare(problem, model, batch, budget, dev, generations=generations,
                            workers=workers, memory=memory, policies=policies)
             outcomes += rows
             if progress:
@@ -230,7 +223,7 @@ def max_batch(model: str, *, spec: str = "v100-16g-pcie3", budget_bytes: int | N
     """The largest batch (doubling from ``start``, up to ``limit``) at which each policy
     fits ``budget_bytes`` with a step time at most ``slowdown`` x ideal; 0: not even
     ``start``.  A policy is not tried again once a batch fails it."""
-    from tfswap import paper_models
+    from research import paper_models
 
     dev = device_spec(spec)
     budget = int(budget_bytes or dev.memory_bytes)
@@ -238,8 +231,8 @@ def max_batch(model: str, *, spec: str = "v100-16g-pcie3", budget_bytes: int | N
     alive = set(best)
     batch = start
     while alive and batch <= limit:
-        graph, keep = paper_models.lowered(model, batch, spec, cache_dir)
-        rows = compare(graph, keep, model, batch, budget, dev, generations=generations,
+        problem = paper_models.lowered(model, batch, spec, cache_dir)
+        rows = compare(problem, model, batch, budget, dev, generations=generations,
                        workers=workers, memory=memory,
                        policies=["ideal"] + sorted(alive))
         for o in rows:

@@ -13,7 +13,8 @@ runs hundreds.
 
 Example::
 
-    from tfswap.tf import emulate, fuzz
+    from tfswap.tf import emulate
+    from research import fuzz
     emulate.setup()
     outcome = fuzz.check(seed=7)
     outcome.status, outcome.detail      # ("passed", "budget 812345 B ...")

@@ -3,7 +3,7 @@
 This is the planner of last resort (and the demo's): measure the unmodified
 step once on the emulated device, keep the order TensorFlow executed it in,
 and swap the largest tensors live across the memory peak
-(:func:`tfswap.core.heuristic.swap_across_peak`).
+(:func:`research.heuristic.swap_across_peak`).
 
 Example::
 
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tfswap.core import heuristic, liveness
+from tfswap.core import liveness
+from research import heuristic
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.plan import Plan, Prediction
 from tfswap.tf import ir, measure, profile

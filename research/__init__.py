@@ -1,0 +1,12 @@
+"""Research and benchmark helpers, kept out of the ``tfswap`` package.
+
+* ``paper_models`` / ``paper_bench``: SwapAdvisor's Fig. 6 models and the
+  comparison of every planner of :mod:`tfswap.core.planners` on them.
+* ``synthetic``: random and layered dataflow graphs for tests and benchmarks.
+* ``fuzz``: random TF steps optimized and compared against the unmodified step.
+* ``quickplan`` / ``heuristic``: hand-rolled swap plans for rewrite experiments.
+* ``fidelity``: statistics of the simulator against measurement.
+
+Import them from the repository root (``pytest`` and the scripts in
+``benchmarks/`` put it on ``sys.path``).
+"""
