@@ -1,16 +1,24 @@
 """Build and install tfswap.
 
-The C++ op library is compiled against the TensorFlow already installed in
-the environment (its ABI must match), so install TensorFlow first and build
-without isolation::
+One line installs tfswap with TensorFlow::
+
+    pip install ".[cpu]"              # or ".[gpu]": tensorflow[and-cuda]
+
+The C++ op library must be compiled against the TensorFlow it is loaded into
+(its ABI must match).  pip builds in an isolated environment without
+TensorFlow, so then the op library is compiled at first use, into the user
+cache (``tfswap.ops.load``, about 15 s once).  To compile it at install time
+instead, install TensorFlow first and build without isolation::
 
     pip install tensorflow-cpu        # or tensorflow[and-cuda] on a GPU machine
     pip install --no-build-isolation .
 
-(``make test`` / ``make demo`` do both.)
+(``make test`` / ``make demo`` do that, editable.)  The planner's native
+library needs only g++ and is always built here.
 """
 
 import hashlib
+import os
 from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
@@ -35,7 +43,17 @@ class BuildTfOps(build_ext):
             out.with_name(out.name + ".srchash").write_text(digest + "\n")
             return
 
-        import tensorflow as tf
+        try:
+            import tensorflow as tf
+        except ImportError:
+            # pip's isolated build (the default) never has TensorFlow.  The
+            # library is then compiled at first use (tfswap.ops.load); optional
+            # tells copy_extensions_to_source that it may be missing.
+            ext.optional = True
+            print("tfswap: TensorFlow is not importable in this build environment; the op "
+                  "library will be compiled at first use (tfswap.ops.load, once, into the "
+                  "user cache)")
+            return
 
         # Import the build helper by path: the package itself is not importable
         # before it is installed.
@@ -45,7 +63,21 @@ class BuildTfOps(build_ext):
         spec.loader.exec_module(build)
         out = Path(self.get_ext_fullpath(ext.name))
         build.compile_library(out)
-        out.with_name(out.name + ".tfversion").write_text(tf.__version__ + "\n")
+        build.write_stamp(out, tf.__version__)
+
+    def copy_extensions_to_source(self):
+        """Editable installs and ``--inplace`` build into build/ and copy each library
+        into the source tree; copy the stamps beside them too, as the loaders check
+        them (without, an editable install's libraries looked stale and were
+        rebuilt into the cache)."""
+        super().copy_extensions_to_source()
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            inplace_file, regular_file = self._get_inplace_equivalent(build_py, ext)
+            for suffix in (".tfversion", ".srchash"):
+                if os.path.exists(regular_file + suffix):
+                    self.copy_file(regular_file + suffix, inplace_file + suffix,
+                                   level=self.verbose)
 
 
 setup(
@@ -58,8 +90,9 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["tfswap", "tfswap.*"]),
-    package_data={"tfswap.ops": ["*.cc", "*.h", "*.tfversion"],
-                  "tfswap.core.native": ["*.cc", "*.srchash"]},
+    # The sources ship so that the loaders can rebuild into the cache; the
+    # stamps are written into the build tree beside each library by build_ext.
+    package_data={"tfswap.ops": ["*.cc", "*.h"], "tfswap.core.native": ["*.cc"]},
     ext_modules=[Extension("tfswap.ops._tfswap_ops", sources=[
                      "tfswap/ops/swap_ops.cc", "tfswap/ops/pool_core.cc",
                      "tfswap/ops/pool_capi.cc", "tfswap/ops/pool_allocator.cc"]),

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,10 @@ def test_demo_trains_identically_and_says_where_it_wrote(tmp_path):
     done = _run("demo", "--generations", "3", "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "identical to the unmodified tf.function" in done.stdout
+    # The banner's count is per pool size tried; the report's is all of them.
+    assert "3 generations for each pool size" in done.stdout
+    total = re.search(r"search: (\d+) generations", done.stdout)
+    assert total and int(total[1]) % 3 == 0 and int(total[1]) >= 3
     for name in ("demo.plan.json", "demo.trace.json", "demo.memory.png"):
         assert (tmp_path / name).is_file()
         assert str(tmp_path / name) in done.stdout

@@ -117,7 +117,10 @@ def demo(args) -> int:
     budget = int(args.fraction * before.peak_bytes)
     print(f"unmodified step needs {_mib(before.peak_bytes)} of device memory; "
           f"budget {_mib(budget)} ({args.fraction:.0%})")
-    print(f"planning: genetic search, {args.generations} generations ...", flush=True)
+    # `generations` bounds each search: the shared pool layout searches once per
+    # pool size it tries, and the report counts the generations of all of them.
+    print(f"planning: genetic search, {args.generations} generations for each pool size "
+          "tried (the report below counts them all) ...", flush=True)
     try:
         fast = tfswap.optimize(step.concrete_fn, budget, generations=args.generations,
                                seed=args.seed, workers=1, inputs=step.batch)
@@ -283,7 +286,8 @@ def _add_demo(sub) -> None:
     p.add_argument("--fraction", type=_fraction, default=0.6,
                    help="budget as a fraction of the unmodified step's peak (default 0.6)")
     p.add_argument("--generations", type=_positive_int, default=20,
-                   help="generations of genetic search (default 20)")
+                   help="generations of genetic search for each pool size it tries "
+                        "(default 20)")
     p.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     p.add_argument("--out", default="tfswap-demo",
                    help="folder for the plan, trace and plot (default ./tfswap-demo)")

@@ -1,9 +1,12 @@
 """The tfswap op library (``SwapOut`` / ``SwapIn``) and its loader.
 
-``pip install .`` compiles ``swap_ops.cc`` next to this file.  If that build
-is missing, or was made for another TensorFlow version, :func:`load` compiles
-a matching copy into the user cache (about 15 s, once per TF version) and says
-so, rather than failing with an undefined-symbol error.
+``pip install`` compiles the library next to this file when TensorFlow is
+importable at build time (``pip install --no-build-isolation`` after
+installing TensorFlow, or ``make``).  Otherwise (pip's isolated build never
+has TensorFlow, e.g. ``pip install ".[cpu]"``), or if the installed build was
+made for another TensorFlow version or from other sources, :func:`load`
+compiles a matching copy into the user cache at first use (about 15 s, once
+per TensorFlow version) and says so in one line on the ``tfswap.ops`` logger.
 
 Example::
 
@@ -15,14 +18,29 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
+import logging
 import os
 import threading
-import warnings
 from pathlib import Path
 
-from .build import HEADERS, SOURCE_DIR, SOURCES, compile_library
+from .build import compile_library, read_stamp, source_digest
+
+try:
+    from tensorflow import autograph as _autograph
+except ImportError:
+    # Without TensorFlow there is no tf.function to convert these; load() says
+    # what to install.
+    def _outside_autograph(fn):
+        return fn
+else:
+    # A tf.function converts every Python function it calls with AutoGraph,
+    # these included, and AutoGraph warns about the loader's internals
+    # (importlib, locks) it cannot convert.  They build no graph control flow,
+    # so they run as plain Python.
+    _outside_autograph = _autograph.experimental.do_not_convert
+
+log = logging.getLogger(__name__)
 
 LIBRARY_MODULE = "tfswap.ops._tfswap_ops"
 OP_TYPES = ("SwapOut", "SwapIn")
@@ -30,10 +48,6 @@ OP_TYPES = ("SwapOut", "SwapIn")
 _lock = threading.Lock()
 _loaded = None
 _loaded_path: Path | None = None
-
-
-def _version_stamp(library: Path) -> Path:
-    return library.with_name(library.name + ".tfversion")
 
 
 def installed_library() -> Path | None:
@@ -44,50 +58,77 @@ def installed_library() -> Path | None:
     return Path(spec.origin)
 
 
-def _cache_library(tf_version: str) -> Path:
-    digest = hashlib.sha256()
-    for src in SOURCES + HEADERS:
-        digest.update((SOURCE_DIR / src).read_bytes())
+def cache_library(tf_version: str) -> Path:
+    """Where :func:`load` builds the library for ``tf_version`` when the installed
+    one does not match (``XDG_CACHE_HOME``, else ``~/.cache``)."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "tfswap" / f"ops-tf{tf_version}-{digest.hexdigest()[:12]}" / "libtfswap_ops.so"
+    return root / "tfswap" / f"ops-tf{tf_version}-{source_digest()}" / "libtfswap_ops.so"
 
 
-def write_version_stamp(library: Path, tf_version: str) -> None:
-    _version_stamp(library).write_text(tf_version + "\n")
+def _installed_mismatch(library: Path | None, tf_version: str) -> str | None:
+    """Why the installed ``library`` cannot be loaded into ``tf_version``; None if it can."""
+    if library is None:
+        return "none was built at install time (TensorFlow was not importable there)"
+    stamp = read_stamp(library)
+    if stamp is None:
+        return f"the installed {library.name} has no build stamp; reinstall tfswap"
+    built_for, digest = stamp
+    if built_for != tf_version:
+        return (f"the installed one was built for TensorFlow {built_for}; reinstall tfswap "
+                "after changing TensorFlow")
+    if digest != source_digest():
+        return "the installed one was built from other sources; reinstall tfswap"
+    return None
 
 
+def library_for(tf_version: str) -> Path:
+    """The op library to load into TensorFlow ``tf_version``: the installed one if
+    its stamp matches, else the cache's copy, compiled now if missing (with a
+    one-line note on the ``tfswap.ops`` logger)."""
+    installed = installed_library()
+    why = _installed_mismatch(installed, tf_version)
+    if why is None:
+        return installed
+    cached = cache_library(tf_version)
+    if not cached.exists():
+        # Expected after a plain `pip install` (isolated build, no TensorFlow), so
+        # a one-line note for the pause rather than a RuntimeWarning; logged at
+        # WARNING so it shows without any logging set up.
+        log.warning("tfswap: compiling the op library for TensorFlow %s into %s "
+                    "(once, about 15 s): %s", tf_version, cached.parent, why)
+        compile_library(cached)
+    return cached
+
+
+@_outside_autograph
 def load():
     """Load (once) and return the op library module (``swap_out``, ``swap_in``)."""
     global _loaded, _loaded_path
     with _lock:
         if _loaded is not None:
             return _loaded
-        import tensorflow as tf
+        try:
+            import tensorflow as tf
+        except ImportError as err:
+            raise ImportError("tfswap's ops need TensorFlow, which did not import (see "
+                              "above): pip install tensorflow-cpu "
+                              "(or 'tensorflow[and-cuda]' on a GPU machine), or install "
+                              "tfswap as \"tfswap[cpu]\" / \"tfswap[gpu]\"") from err
 
-        lib_path = installed_library()
-        stamp = _version_stamp(lib_path) if lib_path else None
-        if lib_path is None or stamp is None or not stamp.exists() \
-                or stamp.read_text().strip() != tf.__version__:
-            cached = _cache_library(tf.__version__)
-            if not cached.exists():
-                warnings.warn(
-                    f"tfswap: no op library built for TensorFlow {tf.__version__} "
-                    f"(installed: {lib_path}); compiling one into {cached.parent} "
-                    "(once, about 15 s). Reinstall tfswap after upgrading TensorFlow "
-                    "to avoid this.", RuntimeWarning, stacklevel=2)
-                compile_library(cached)
-            lib_path = cached
+        lib_path = library_for(tf.__version__)
         _loaded = tf.load_op_library(str(lib_path))
         _loaded_path = lib_path
         return _loaded
 
 
+@_outside_autograph
 def library_path() -> Path:
     """Path of the loaded op library (loading it first); ctypes entry points live there."""
     load()
     return _loaded_path
 
 
+@_outside_autograph
 def swap_out(tensor, name=None, link_bytes_per_s: float = 0.0):
     """Copy ``tensor`` to a new host buffer (stateful; never folded by Grappler).
 
@@ -97,6 +138,7 @@ def swap_out(tensor, name=None, link_bytes_per_s: float = 0.0):
     return load().swap_out(tensor, link_bytes_per_s=link_bytes_per_s, name=name)
 
 
+@_outside_autograph
 def swap_in(tensor, name=None, link_bytes_per_s: float = 0.0):
     """Copy a host tensor to a new device buffer (stateful); ``link_bytes_per_s``
     as in :func:`swap_out`, for the host-to-device direction."""

@@ -1,8 +1,9 @@
 """Compile the tfswap op library against the installed TensorFlow.
 
-Used by ``setup.py`` at install time and by :mod:`tfswap.ops` when the
-installed library does not match the TensorFlow it is loaded into (a wheel
-built against another TF version).  Only g++ and TensorFlow's own
+Used by ``setup.py`` at install time and by :mod:`tfswap.ops` at first use
+when there is no installed library matching the TensorFlow it is loaded into
+(TensorFlow was absent at install time, as in pip's isolated build, or was
+changed since).  Only g++ and TensorFlow's own
 ``tf.sysconfig`` flags are needed: no Bazel, no CUDA toolkit.  The GPU
 kernels are plain C++ against ``DeviceContext``, so they compile here too.
 
@@ -13,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import subprocess
@@ -23,6 +25,40 @@ SOURCES = ("swap_ops.cc", "pool_core.cc", "pool_capi.cc", "pool_allocator.cc")
 # Headers are hashed with the sources (cache key) and shipped in the package.
 HEADERS = ("pool_core.h", "pool_allocator.h")
 SOURCE_DIR = Path(__file__).resolve().parent
+# Beside each built library: "<TF version> <sources digest>".  A custom-op
+# library only loads into the TensorFlow it was compiled against, and nothing
+# in the .so says which one that was without loading it.
+STAMP_SUFFIX = ".tfversion"
+
+
+def source_digest() -> str:
+    """Short hash of the op library's sources and headers."""
+    digest = hashlib.sha256()
+    for src in SOURCES + HEADERS:
+        digest.update((SOURCE_DIR / src).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def stamp_path(library: str | os.PathLike) -> Path:
+    library = Path(library)
+    return library.with_name(library.name + STAMP_SUFFIX)
+
+
+def write_stamp(library: str | os.PathLike, tf_version: str) -> Path:
+    """Record beside ``library`` the TensorFlow and sources it was built from."""
+    path = stamp_path(library)
+    path.write_text(f"{tf_version} {source_digest()}\n")
+    return path
+
+
+def read_stamp(library: str | os.PathLike) -> tuple[str, str] | None:
+    """(TF version, sources digest) recorded beside ``library``; None if unstamped
+    (or stamped by an older tfswap, which recorded only the TF version)."""
+    try:
+        fields = stamp_path(library).read_text().split()
+    except OSError:
+        return None
+    return (fields[0], fields[1]) if len(fields) == 2 else None
 
 
 def tf_flags() -> tuple[list[str], list[str]]:
