@@ -51,24 +51,41 @@ def _require_tensorflow_backend() -> None:
             f"{keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow before importing keras.")
 
 
-def batch_signature(data) -> tuple:
-    """The key plans are cached under: each tensor's place, shape and dtype.
+def batch_signature(data, spec=None) -> tuple:
+    """The key plans are cached under: each tensor's place, shape, dtype and the
+    shape Keras traces its step with (``spec``: the dataset's element spec, whose
+    batch dimension is None when the last batch is smaller; None: the batch's
+    own shapes).
 
     Raises TypeError naming the first leaf that is not a tensor or array.
     """
     leaves = nest.flatten_with_joined_string_paths(data)
+    traced = [None] * len(leaves) if spec is None else [
+        tuple(s.shape.as_list()) if s.shape.rank is not None else None
+        for s in tf.nest.flatten(spec)]
     key = []
-    for path, leaf in leaves:
+    for (path, leaf), shape in zip(leaves, traced):
         if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
             raise TypeError(f"batch element {path or '<root>'} is a {type(leaf).__name__}, not a "
                             "tensor; tfswap plans steps over tensors only")
-        key.append((path, tuple(leaf.shape), tf.as_dtype(leaf.dtype).name))
+        key.append((path, tuple(leaf.shape), tf.as_dtype(leaf.dtype).name,
+                    tuple(leaf.shape) if shape is None else shape))
     return tuple(key)
 
 
 def _specs(data):
     return tf.nest.map_structure(
         lambda t: tf.TensorSpec(tuple(t.shape), tf.as_dtype(t.dtype)), data)
+
+
+def _element_spec(iterator):
+    """The specs Keras's step is traced with when ``fit`` feeds it ``iterator``,
+    or None where Keras traces the batches' own shapes."""
+    if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+        spec = iterator.element_spec
+        if all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
+            return spec
+    return None
 
 
 def build_for(model, data, kind: str = "train") -> None:
@@ -89,14 +106,20 @@ def build_for(model, data, kind: str = "train") -> None:
         model._symbolic_build(data_batch=data)
 
 
-def step_function(model, data, kind: str = "train"):
+def step_function(model, data, kind: str = "train", spec=None):
     """The ConcreteFunction of one Keras step for batches shaped like ``data``.
 
     ``kind``: "train" (``model.train_step``, which updates the weights, the
     optimizer and the metrics), "test" (``model.test_step``) or "predict"
     (``model.predict_step``).  ``data``: one batch as ``fit`` feeds it, e.g.
-    ``(x, y)``.  This is what :class:`SwapCallback` hands to
-    :func:`tfswap.optimize`; use it to measure the unmodified step::
+    ``(x, y)``.  ``spec``: the TensorSpecs Keras traces its step with, where
+    they have unknown dimensions (``fit``'s dataset when its last batch is
+    smaller: the batch dimension is None); the step is then traced as Keras
+    traces it and returned as :func:`tfswap.tf.capture.at_shapes` of
+    ``data``'s shapes, because a trace with static shapes is not bit for bit
+    the same step (Grappler folds the batch size into constants).  This is
+    what :class:`SwapCallback` hands to :func:`tfswap.optimize`; use it to
+    measure the unmodified step::
 
         cf = tfswap.keras.step_function(model, (x[:32], y[:32]))
         captured = tfswap.tf.capture.capture(cf)
@@ -114,7 +137,15 @@ def step_function(model, data, kind: str = "train"):
     def one_step(batch):
         return strategy.run(step, args=(batch,))
 
-    return tf.function(one_step, autograph=False).get_concrete_function(_specs(data))
+    static = _specs(data)
+    if spec is None or all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
+        return tf.function(one_step, autograph=False).get_concrete_function(static)
+    tf.nest.assert_same_structure(static, spec)
+    from tfswap.tf.capture import at_shapes
+
+    traced = tf.nest.map_structure(lambda s, t: tf.TensorSpec(s.shape, t.dtype), spec, static)
+    cf = tf.function(one_step, autograph=False).get_concrete_function(traced)
+    return at_shapes(cf, [tuple(t.shape) for t in tf.nest.flatten(static)])
 
 
 class SwapCallback(keras.callbacks.Callback):
@@ -266,8 +297,9 @@ class SwapCallback(keras.callbacks.Callback):
     def _runner(self, kind: str):
         def run(iterator):
             outputs = None
+            spec = _element_spec(iterator)
             for data in self._batches(iterator):
-                outputs = self._step(kind, data)
+                outputs = self._step(kind, data, spec)
             if outputs is None:
                 raise StopIteration
             return outputs
@@ -311,9 +343,9 @@ class SwapCallback(keras.callbacks.Callback):
             for _, data in zip(range(steps), iterator):
                 yield data
 
-    def _step(self, kind: str, data):
+    def _step(self, kind: str, data, spec=None):
         try:
-            key = (kind, batch_signature(data))
+            key = (kind, batch_signature(data, spec))
         except TypeError as err:
             return self._keras_step(kind, data, f"{err}; Keras's own step runs it")
         if key not in self.functions:
@@ -321,7 +353,7 @@ class SwapCallback(keras.callbacks.Callback):
             if planned and self.new_shapes == "original":
                 self.functions[key] = None
             else:
-                self.functions[key] = self._prepare(kind, data, key)
+                self.functions[key] = self._prepare(kind, data, key, spec)
         fast = self.functions[key]
         if fast is None:
             return self._keras_step(
@@ -340,8 +372,8 @@ class SwapCallback(keras.callbacks.Callback):
 
     # -- Planning.
 
-    def _prepare(self, kind: str, data, key):
-        cf = step_function(self.model, data, kind)
+    def _prepare(self, kind: str, data, key, spec=None):
+        cf = step_function(self.model, data, kind, spec)
         inputs = [np.asarray(leaf) for leaf in tf.nest.flatten(data)]
         path = self._file(kind, key)
         fast = self._load(path, cf) if path is not None and path.exists() else None
@@ -380,7 +412,7 @@ class SwapCallback(keras.callbacks.Callback):
 
 
 def _shapes(signature) -> str:
-    return ", ".join(f"{list(shape)} {dtype}" for _, shape, dtype in signature)
+    return ", ".join(f"{list(shape)} {dtype}" for _, shape, dtype, _ in signature)
 
 
 __all__ = ["SwapCallback", "batch_signature", "build_for", "step_function"]

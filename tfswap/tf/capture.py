@@ -96,6 +96,37 @@ def _signature_paths(signature) -> list[str]:
     return paths
 
 
+@dataclass(frozen=True)
+class SizedFunction:
+    """A ConcreteFunction traced with unknown dimensions, planned for one set of shapes.
+
+    Made by :func:`at_shapes`; :func:`capture` (so ``tfswap.optimize`` and
+    ``tfswap.load_plan``) takes it where it takes a ConcreteFunction.
+    """
+
+    function: Any
+    shapes: tuple[tuple[int, ...], ...]   # one per flat argument, fully known
+
+
+def at_shapes(concrete_fn, shapes) -> SizedFunction:
+    """``concrete_fn``, whose arguments may have unknown dimensions, to be planned
+    and run for arguments of ``shapes`` (one shape per flat argument).
+
+    Tracing again with static shapes is not the same step: Grappler folds what
+    it then knows, e.g. a mean's gradient divided by the element count becomes
+    a product with the count's rounded reciprocal, which differs in the last
+    bit unless the count is a power of two.  Keras traces its step with the
+    dataset's element spec, whose batch dimension is unknown when the last
+    batch is smaller; capturing that trace computes what Keras computes.
+
+    Example::
+
+        cf = step.get_concrete_function(tf.TensorSpec([None, 784]))
+        fast = tfswap.optimize(at_shapes(cf, [(100, 784)]), "1MiB")
+    """
+    return SizedFunction(concrete_fn, tuple(tuple(int(d) for d in shape) for shape in shapes))
+
+
 def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> CapturedFunction:
     """Capture a ``tf.function`` ConcreteFunction for planning and rewriting.
 
@@ -103,11 +134,18 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
     what makes the rewritten step compute exactly what the function computes);
     False keeps the traced graph as written.  ``device``: where the step will
     run (default: the first GPU, else CPU:0); Grappler fuses per device type.
+    ``concrete_fn`` may be a :class:`SizedFunction` (:func:`at_shapes`): Grappler
+    then runs on the graph as traced, unknown dimensions and all, as it does
+    for the function itself, and the arguments get their shapes afterwards.
 
     Raises :class:`CaptureError` for anything that is not a ConcreteFunction
     and for argument shapes with unknown dimensions (tfswap plans bytes, so
-    every tensor size must be known; trace one concrete function per shape).
+    every tensor size must be known; trace one concrete function per shape,
+    or give the shapes with :func:`at_shapes`).
     """
+    sizes = None
+    if isinstance(concrete_fn, SizedFunction):
+        concrete_fn, sizes = concrete_fn.function, concrete_fn.shapes
     if not _is_concrete_function(concrete_fn):
         if hasattr(concrete_fn, "get_concrete_function"):
             raise CaptureError(
@@ -127,9 +165,17 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
     if len(paths) != n_args:  # e.g. composite tensors flatten to several placeholders
         paths = [t.op.name for t in arg_tensors]
 
+    if sizes is not None and len(sizes) != n_args:
+        raise CaptureError(f"at_shapes gave {len(sizes)} shape(s) for a function of {n_args} "
+                           "flat argument(s)")
     args = []
-    for tensor, path in zip(arg_tensors, paths):
+    for k, (tensor, path) in enumerate(zip(arg_tensors, paths)):
         shape = tensor.shape
+        if sizes is not None:
+            if not shape.is_compatible_with(sizes[k]):
+                raise CaptureError(f"input {path} was traced with shape {shape}; at_shapes "
+                                   f"gave {list(sizes[k])}, which it cannot take")
+            shape = tf.TensorShape(sizes[k])
         if shape.rank is None:
             raise CaptureError(
                 f"input {path} ({tensor.op.name}) has unknown rank; tfswap plans exact byte "
@@ -173,6 +219,8 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
     graph_def = graph.as_graph_def(add_shapes=True)
     if optimize:
         graph_def = grappler.optimize(graph_def, fetches, control_outputs, device)
+    if sizes is not None:
+        _set_arg_shapes(graph_def, args)
     _place_on_variables(graph_def, captures)
     return CapturedFunction(
         graph_def=graph_def,
@@ -186,6 +234,21 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
         device=device,
         grappler_optimized=optimize,
     )
+
+
+def _set_arg_shapes(graph_def, args) -> None:
+    """Give the argument placeholders their planned shapes, after Grappler has run
+    (Grappler never runs on the graph again, so nothing folds them in later)."""
+    by_name = {a.name.partition(":")[0]: a for a in args}
+    for node in graph_def.node:
+        arg = by_name.get(node.name)
+        if arg is None or node.op != "Placeholder":
+            continue
+        proto = tf.TensorShape(arg.shape).as_proto()
+        node.attr["shape"].shape.CopyFrom(proto)
+        if "_output_shapes" in node.attr:
+            del node.attr["_output_shapes"].list.shape[:]
+            node.attr["_output_shapes"].list.shape.add().CopyFrom(proto)
 
 
 def _elsewhere(variable, device: str) -> bool:
