@@ -6,12 +6,9 @@ these tests run one whatever the search would pick."""
 import numpy as np
 import pytest
 
-from tfswap import api, zoo
-from tfswap.core import byte_planner
+from tfswap import pipeline, zoo
 from tfswap.core.devices import cpu_emulated
-from tfswap.tf import capture, measure, rewrite, runtime
-from tfswap.tf import profile as profiler
-from tfswap.tf.emulate import DEVICE, HOST
+from tfswap.tf import measure, runtime
 
 from .equality import run_steps
 
@@ -25,18 +22,15 @@ MODELS = {
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def planned(request):
     step = MODELS[request.param]()
-    captured = capture.capture(step.concrete_fn)
-    prof = profiler.trace(captured, step.batch, runs=2)
-    spec = cpu_emulated()
-    stage = api._Stage.lower(captured, prof, spec, api._small_threshold(prof.peak_bytes))
-    budget = int(0.6 * prof.peak_bytes)
-    planner_budget, outside = api._planner_budget(budget, stage.lowered, 0.05)
-    plan = byte_planner.plan(stage.graph, planner_budget, spec, schedule=stage.schedule,
-                             keep=stage.keep, small_threshold_bytes=stage.small,
-                             memory="shared")
-    final = api._finish(plan, budget, captured, stage.lowered, outside)
-    rewritten = rewrite.rewrite(captured, final, DEVICE, HOST)
-    return request.param, step, captured, prof, plan, rewritten, budget
+    prepared = pipeline.prepare(step.concrete_fn, pipeline.Options.of(
+        1 << 40, inputs=step.batch, profile="trace", device_spec=cpu_emulated()))
+    prof = prepared.profile
+    prepared = pipeline.with_budget(prepared, int(0.6 * prof.peak_bytes))
+    made = pipeline.materialize(pipeline.plan(prepared, pipeline.first_attempt(prepared),
+                                              planner="tfswap.bytes"))
+    plan = made.planned.plan
+    return (request.param, step, prepared.captured, prof, plan, made.rewritten,
+            prepared.budget_bytes)
 
 
 def test_the_plan_swaps_and_fits_its_arena_in_the_planner_budget(planned):
