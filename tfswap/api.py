@@ -141,57 +141,21 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
              progress: bool = False) -> OptimizedFunction:
     """Plan swaps for ``concrete_fn`` so it runs within ``memory_budget`` of device memory.
 
-    ``memory_budget``: bytes (int), a string such as "12GiB", or a fraction
-    of the device's memory (float in (0, 1]).  ``device``/``host``: where the
-    step runs and where swapped tensors wait (default: the emulated device if
-    set up, else the first GPU and CPU:0).  Variables stay where they live:
-    a model and optimizer created under ``tf.device(host)`` keep their
-    parameters and optimizer state in host memory, and the plan fetches each
-    read before its use on the device (SwapAdvisor's parameter swapping; the
-    updates run on the host).  ``device_spec``: the device's
-    figures for the simulator (default "cpu-emulated" on the emulated device;
-    required on a GPU unless ``profile`` measures it, then its link figures
-    default to "v100-16g-pcie3").  ``profile``: "trace" (run the step),
-    "isolated" (time each op alone; for steps that do not fit), "analytic"
-    (roofline from ``device_spec``), or "auto" (trace, else isolated).
-    ``search_time``: seconds the whole call may take (profiling, every search
-    and verification together); ``generations``: stop each search after this
-    many generations instead, with no time limit (then the same seed gives
-    the same plan on any machine).  ``seed``: the search's seed.
-    ``workers``: threads that score candidates (default: all cores; no
-    process is started, so a script without a main guard is safe), or with
-    ``executor`` (any ``concurrent.futures.Executor``: a process pool, Dask's
-    ``Client.get_executor()``) chunks per batch.  ``mode``:
-    "joint", "schedule" or "allocation" (ablations).  ``inputs``: sample
-    arguments for the traced profile (default: random of the right shape).
-    ``safety_margin``: fraction of the budget kept free for what the memory
-    model does not see (kernel workspaces TF allocates outside the profile).
-    ``small_tensor_bytes``: tensors below this live in a small pool and are
-    never swapped (default: 1/1024 of the step's no-swap device peak, between
-    4 KiB and 1 MiB, so that small models still have tensors worth moving;
-    if no plan fits with it, 4 KiB).
-    ``pool_layout``: "shared" (pool objects never in use together share
-    memory, so fewer tensors move) or "disjoint" (every object has memory of
-    its own, SwapAdvisor's pool; needs more memory, but its allocator never
-    depends on the run following the plan's order).  Where the peak is
-    verified, a shared plan that measures over the budget is re-planned with
-    the disjoint pool, whose rounding leaves room for what the model misses.
-    ``byte_planner``: with the shared layout, also try the byte-cap planner
-    (:mod:`tfswap.core.byte_planner`), which moves far less on steps several
-    times the device; off by default (see ``SearchConfig.byte_planner``).
-    ``verify_rounds``: where the device's peak can be measured (the emulated
-    device), the rewritten step is measured (3 runs in each of 2 sessions) and,
-    if it needs more than the budget, planned again with the excess taken off,
-    up to this many times (0: trust the model).
-
-    The stages are :mod:`tfswap.pipeline`'s.  Returns an
-    :class:`OptimizedFunction`.  If the step already fits, it has no swaps
-    and its report says so.
+    ``memory_budget``: bytes, a string such as "12GiB", or a fraction of the
+    device's memory.  ``search_time`` (seconds) bounds the whole call;
+    ``generations`` bounds each search instead (same seed, same plan on any
+    machine).  ``workers``: threads scoring candidates (no process is started,
+    so a script without a main guard is safe); ``executor``: any
+    ``concurrent.futures.Executor`` (a process pool, Dask's).  Every argument
+    is described, with its unit and default, in :class:`tfswap.pipeline.Options`;
+    the stages are :mod:`tfswap.pipeline`'s.  Returns an
+    :class:`OptimizedFunction`; a step that already fits gets no swaps.
 
     Example::
 
         fast = tfswap.optimize(cf, memory_budget="12MiB", generations=10)
-        fast(x, y)
+        fast(x, y)                     # same results as cf(x, y)
+        print(fast.report())
     """
     options = pipeline.Options.of(
         memory_budget, device=device, host=host, device_spec=device_spec, profile=profile,
