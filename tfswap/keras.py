@@ -5,7 +5,8 @@ test and predict functions) before it calls the callbacks' ``on_*_begin``.
 :class:`SwapCallback` swaps that function for one that runs, per batch, a
 step optimised by :func:`tfswap.optimize`, and puts Keras's own back at the
 matching ``on_*_end``.  The optimised step is Keras's own ``train_step`` (or
-``test_step`` / ``predict_step``) captured for the batch's exact shapes and
+``test_step`` / ``predict_step``) traced with the specs Keras traces it with
+(see :func:`step_function`), planned for the batch's exact shapes and
 bound to the model's live variables, so weights, optimizer state and metric
 state stay the user's objects: logs, ``get_weights``, ``save`` and other
 callbacks see what they would see without the callback.

@@ -169,8 +169,9 @@ def test_other_callbacks_see_the_same_batch_logs(trained):
 
 def test_training_step_measured_peak_is_within_half_the_unmodified_peak(trained):
     b, x, y = trained["batch_size"], trained["x"], trained["y"]
-    key = ("train", tfswap.keras.batch_signature((x[:b], y[:b])))
-    fast = trained["callback"].functions[key]
+    shapes = [leaf[:3] for leaf in tfswap.keras.batch_signature((x[:b], y[:b]))]
+    (fast,) = [f for (kind, sig), f in trained["callback"].functions.items()
+               if kind == "train" and [leaf[:3] for leaf in sig] == shapes]
     after = measure.measure(fast.captured, fast.graph_def, [x[:b], y[:b]])
     print(f"\n{trained['name']}: budget {trained['budget']} B (50% of unmodified), "
           f"measured {after.peak_bytes} B\n{fast.report()}")
@@ -427,3 +428,60 @@ def test_predict_with_the_callback_swaps_within_the_budget():
     print(f"\npredict: unmodified {peak} B, budget {budget} B, measured {after} B, "
           f"{len(fast.plan.swaps)} swaps")
     assert fast.plan.swaps and after <= budget
+
+
+def regularised_cnn():
+    """Conv blocks with biases before BatchNorm, Dropout and RMSprop (issue #22).
+
+    A bias before BatchNorm has a true gradient of zero, so what it gets is
+    rounding noise; RMSprop divides a gradient by its own running magnitude, so
+    it turns a difference in the last bit of that noise into a step up to about
+    3 * learning rate (issue #22: weights 3.3e-3 off).
+    """
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    layers = [keras.Input((16, 16, 3))]
+    for _ in range(3):
+        layers += [L.Conv2D(16, 3, padding="same"), L.BatchNormalization(), L.ReLU()]
+    model = keras.Sequential(layers + [L.Dropout(0.3), L.GlobalAveragePooling2D(),
+                                       L.Dropout(0.3), L.Dense(10)], name="regularised_cnn")
+    model.compile(optimizer=keras.optimizers.RMSprop(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=2)
+    return model
+
+
+def test_batchnorm_dropout_rmsprop_grouped_steps_and_a_smaller_last_batch():
+    # 39 samples in batches of 8: executions of 2, 2 and 1 batches, the last of 7
+    # samples; validation 12 (8 and 4).  With a smaller last batch Keras traces its
+    # step with the batch dimension unknown; a static trace of the batch of 7 lets
+    # Grappler turn BatchNorm's x / (7*16*16) into x * (1/1792), which rounds
+    # differently (for 8, 1/2048 is exact).
+    b, n = 8, 39
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((n, 16, 16, 3), dtype=np.float32)
+    y = rng.integers(0, 10, n).astype(np.int32)
+    reference, model = regularised_cnn(), regularised_cnn()
+    model.set_weights(reference.get_weights())
+    budget = int(0.6 * unmodified_peak(reference, (x[:b], y[:b])))
+    validation = dict(validation_data=(x[:12], y[:12]))
+    keras.utils.set_random_seed(5)
+    ref_history, ref_logs = fit(reference, x, y, b, **validation)
+    callback = tfswap.keras.SwapCallback(budget, generations=3, seed=0, workers=1, verbose=0)
+    keras.utils.set_random_seed(5)
+    history, logs = fit(model, x, y, b, [callback], **validation)
+    assert_same_history(ref_history, history)
+    assert [batch for batch, _ in logs] == [batch for batch, _ in ref_logs]
+    for (_, expected), (_, actual) in zip(ref_logs, logs):
+        for key in expected:
+            np.testing.assert_allclose(actual[key], expected[key], rtol=RTOL, err_msg=key)
+    assert_same_weights(reference, model)
+    assert relative_difference(reference.predict(x, verbose=0),
+                               model.predict(x, verbose=0)) <= RTOL
+    planned = {sig[0][1][0]: f for (kind, sig), f in callback.functions.items()
+               if kind == "train"}
+    assert sorted(planned) == [7, 8]
+    # Both planned as Keras traces them, the batch dimension unknown (the batch of 8
+    # matched before only because 1/2048 is exact).
+    assert {sig[0][3][0] for kind, sig in callback.functions} == {None}
+    assert all(f.plan.swaps and f.measured_peak_bytes <= budget for f in planned.values())
