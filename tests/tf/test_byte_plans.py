@@ -23,7 +23,7 @@ MODELS = {
 def planned(request):
     step = MODELS[request.param]()
     prepared = pipeline.prepare(step.concrete_fn, pipeline.Options.of(
-        1 << 40, inputs=step.batch, profile="trace", device_spec=cpu_emulated()))
+        1.0, inputs=step.batch, profile="trace", device_spec=cpu_emulated()))
     prof = prepared.profile
     prepared = pipeline.with_budget(prepared, int(0.6 * prof.peak_bytes))
     made = pipeline.materialize(pipeline.plan(prepared, pipeline.first_attempt(prepared),
