@@ -34,7 +34,7 @@ class BuildTfOps(build_ext):
 
         if ext.name.startswith("tfswap.core.native."):
             spec = importlib.util.spec_from_file_location(
-                "_tfswap_native_build", Path(__file__).parent / "tfswap" / "_native_build.py")
+                "_tfswap_native_build", Path(__file__).parent / "tfswap" / "core" / "native" / "build.py")
             native_build = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(native_build)
             out = Path(self.get_ext_fullpath(ext.name))

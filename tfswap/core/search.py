@@ -39,165 +39,27 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from concurrent.futures import Executor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 from deap import base
 
-from tfswap.core import genetics
+from tfswap.core import genetics, shared_search
 from tfswap.core.allocation import class_sizes, repair_counts
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec, check_planner_arguments
 from tfswap.core.evaluation import Evaluator
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.infeasible import Infeasible
-from tfswap.core.native import Evaluation, evaluate
-from tfswap.core.plan import Allocation, Plan
+from tfswap.core.native import evaluate
+from tfswap.core.plan import Allocation
 from tfswap.core.planner import default_allocation, default_classes, plan_swaps
-from tfswap.core.program import from_plan
+from tfswap.core.search_config import (  # noqa: F401 (re-exported)
+    BYTES_PLANNER_NAME, MODES, PLANNER_NAME, POOL_LAYOUTS, GenerationStats, SearchConfig,
+    SearchResult)
 from tfswap.core.simulator import PlanError
 
-MODES = ("joint", "schedule", "allocation")
-POOL_LAYOUTS = ("disjoint", "shared")
-PLANNER_NAME = "tfswap.ga"
-# The shared search's other candidate (tfswap.core.byte_planner), when it is faster.
-BYTES_PLANNER_NAME = "tfswap.bytes"
 FINALISTS = 16   # best candidates kept in case the reference planner rejects one
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    """Hyper-parameters and stopping rules of the genetic search.
-
-    ``population_size`` (Np): individuals that survive each generation.
-    ``crossovers_per_generation``: parent pairs crossed per generation; each
-    gives 4 children.  ``mutation_probability`` (P): chance that a schedule
-    step picks a random ready op, that a CLS entry moves, that a count is
-    redrawn.  ``count_sigma``: standard deviation of a count's Gaussian
-    mutation, relative to the count.  ``selection_temperature``: divides eq.
-    1's normalised time (1.0 = the paper).  ``elite``: best individuals that
-    always survive.  Stops at the first of ``time_budget_s`` (seconds of
-    search), ``max_generations`` and ``patience`` (generations without a
-    better best); at least one must be set.  ``workers``: threads of this
-    process (None: all cores, 1: no pool; the native simulator releases the
-    GIL, and no process is started, so the caller's script is never imported
-    again) or, with ``executor`` (a
-    ``concurrent.futures.Executor``, e.g. Dask's ``Client.get_executor()``),
-    chunks per batch.  ``mode``: "joint", "schedule" (the allocation is
-    plan_swaps' default for each schedule) or "allocation" (the schedule
-    stays ``initial_schedule``): the ablations of the paper's Fig. 10.
-    ``progress``: one self-updating line on stderr.
-    ``pool_layout``: "disjoint" (the paper's pool: every object has memory of
-    its own, so the objects must fit the budget) or "shared" (objects never
-    in use together share memory, :mod:`tfswap.core.layout`: the search then
-    plans pools larger than the budget and keeps the fastest plan whose
-    shared arena fits; ``layout_rounds`` searches, the time budget split
-    between them).
-    ``byte_planner``: with the shared layout, also plan TF's order and the
-    search's best schedule with :mod:`tfswap.core.byte_planner` (evicts across
-    size classes under a byte cap) and keep the faster plan whose arena fits.
-    Off by default: its plans fill the budget with live bytes, and on the
-    emulated device they measured above their simulation more often than the
-    class planner's (benchmarks/RESULTS.md, "Fuzzing").
-    """
-
-    population_size: int = 32
-    crossovers_per_generation: int = 8
-    mutation_probability: float = 0.02
-    count_sigma: float = 0.25
-    selection_temperature: float = 0.05
-    elite: int = 1
-    time_budget_s: float | None = 60.0
-    max_generations: int | None = None
-    patience: int | None = None
-    seed: int = 0
-    workers: int | None = None
-    executor: Executor | None = field(default=None, compare=False)
-    mode: str = "joint"
-    progress: bool = False
-    pool_layout: str = "disjoint"
-    layout_rounds: int = 5
-    byte_planner: bool = False
-
-    def __post_init__(self):
-        def positive_int(name, value, allow_none=False, minimum=1):
-            if value is None and allow_none:
-                return
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) \
-                    or value < minimum:
-                raise ValueError(f"SearchConfig.{name} must be an int >= {minimum}"
-                                 f"{' or None' if allow_none else ''}, got {value!r}")
-
-        positive_int("population_size", self.population_size, minimum=2)
-        positive_int("crossovers_per_generation", self.crossovers_per_generation)
-        positive_int("elite", self.elite, minimum=0)
-        positive_int("max_generations", self.max_generations, allow_none=True, minimum=0)
-        positive_int("patience", self.patience, allow_none=True)
-        positive_int("workers", self.workers, allow_none=True)
-        positive_int("seed", self.seed, minimum=0)
-        if self.elite > self.population_size:
-            raise ValueError(f"SearchConfig.elite ({self.elite}) cannot exceed "
-                             f"population_size ({self.population_size})")
-        if not 0.0 <= self.mutation_probability <= 1.0:
-            raise ValueError("SearchConfig.mutation_probability must be in [0, 1], got "
-                             f"{self.mutation_probability}")
-        if not self.count_sigma >= 0:
-            raise ValueError(f"SearchConfig.count_sigma must be >= 0, got {self.count_sigma}")
-        if not self.selection_temperature > 0:
-            raise ValueError("SearchConfig.selection_temperature must be > 0, got "
-                             f"{self.selection_temperature}")
-        if self.time_budget_s is not None and not self.time_budget_s > 0:
-            raise ValueError(f"SearchConfig.time_budget_s must be > 0 seconds or None, got "
-                             f"{self.time_budget_s}")
-        if self.time_budget_s is None and self.max_generations is None and self.patience is None:
-            raise ValueError("SearchConfig: set at least one of time_budget_s, max_generations "
-                             "and patience, or the search never stops")
-        positive_int("layout_rounds", self.layout_rounds)
-        if not isinstance(self.byte_planner, bool):
-            raise ValueError(f"SearchConfig.byte_planner must be True or False, got "
-                             f"{self.byte_planner!r}")
-        if self.pool_layout not in POOL_LAYOUTS:
-            raise ValueError(f"SearchConfig.pool_layout must be one of {POOL_LAYOUTS}, got "
-                             f"{self.pool_layout!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"SearchConfig.mode must be one of {MODES}, got {self.mode!r}")
-        if self.executor is not None and not isinstance(self.executor, Executor):
-            raise TypeError("SearchConfig.executor must be a concurrent.futures.Executor "
-                            "(for Dask: distributed.Client(...).get_executor()), got "
-                            f"{type(self.executor).__name__}")
-
-
-@dataclass(frozen=True)
-class GenerationStats:
-    """One point of the paper's Fig. 9: the living population after selection.
-
-    Times are simulated step times in seconds over feasible individuals
-    (``infeasible`` counts the others); ``elapsed_s`` is search time so far,
-    ``evaluations`` the simulations so far.
-    """
-    generation: int
-    elapsed_s: float
-    evaluations: int
-    best_time_s: float
-    mean_time_s: float
-    worst_time_s: float
-    infeasible: int
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """The best plan found, its simulation, and how the search went."""
-    plan: Plan
-    best_evaluation: Evaluation
-    history: tuple[GenerationStats, ...]
-    heuristic_time_s: float    # plan_swaps on initial_schedule with the default allocation
-    generations: int
-    evaluations: int
-    stopped_because: str       # "time budget", "max generations" or "patience"
-    config: SearchConfig
-    # Best candidates skipped because the reference simulator rejected their plan.
-    plans_rejected: int = 0
 
 
 class Fitness(base.Fitness):
@@ -524,7 +386,7 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
         raise ValueError("compiled was built from another graph; pass "
                          "CompiledGraph.build(graph, ...) of this graph")
     if config.pool_layout == "shared":
-        return _search_shared(graph, budget_bytes, spec, config, compiled,
+        return shared_search.search_shared(_search, graph, budget_bytes, spec, config, compiled,
                               initial_schedule=initial_schedule, keep=keep,
                               recency_margin_s=recency_margin_s,
                               params_start_on_host=params_start_on_host,
@@ -618,129 +480,3 @@ def _search(graph, budget_bytes, spec, config, cg, *, initial_schedule, keep, re
                             plans_rejected=rejected)
     raise RuntimeError(f"the reference simulator rejected the plans of all {rejected} best "
                        "candidates (a planner bug); please report it with the graph")
-
-
-def _search_shared(graph, budget_bytes, spec, config, cg, **options) -> SearchResult:
-    """Searches for pools of ``f x budget_bytes`` and lays each best plan out shared.
-
-    The shared arena of a plan searched for a disjoint pool of ``P`` bytes is
-    well below ``P`` (ResNet-50 b256: 15.5 GB for 23.1 GB of objects), so the
-    search is repeated for larger pools: ``f`` starts at 1 (whose plan always
-    fits: its arena is at most its pool), and each next ``f`` scales the last
-    by ``budget / arena`` (kept between the largest ``f`` that fit and the
-    smallest that did not).  Returns the fastest plan that fits.
-    """
-    from tfswap.core import layout, simulator
-
-    rounds = config.layout_rounds
-    each = replace(config, pool_layout="disjoint",
-                   time_budget_s=None if config.time_budget_s is None
-                   else config.time_budget_s / rounds)
-    lo, hi, f = 1.0, math.inf, 1.0
-    best = None
-    generations = evaluations = 0
-    heuristic = None
-    for _ in range(rounds):
-        try:
-            res = _search(graph, int(budget_bytes * f), spec, each, cg, **options)
-        except Infeasible:
-            if best is None:
-                raise
-            hi, fits, proposal = f, False, lo
-        else:
-            generations += res.generations
-            evaluations += res.evaluations
-            heuristic = res.heuristic_time_s if heuristic is None else heuristic
-            sim = simulator.simulate(graph, res.plan, spec, events=True, compiled=cg)
-            shared = layout.shared_layout(sim, res.plan.allocation)
-            need = shared.total_bytes
-            fits = need <= budget_bytes
-            if fits:
-                lo = max(lo, f)
-                if best is None or res.plan.prediction.step_time_s < \
-                        best[0].plan.prediction.step_time_s:
-                    best = (res, shared)
-            else:
-                hi = min(hi, f)
-            proposal = f * budget_bytes / need
-        if best is None:
-            break
-        if fits and abs(proposal / f - 1) < 0.01:
-            break          # this pool's arena fills the budget
-        if not fits:
-            # From above, the secant step can land within a percent of the pool
-            # that did not fit: then step 3% down instead (not below the middle).
-            proposal = max((lo + hi) / 2, proposal if proposal < 0.99 * f else 0.97 * f)
-        elif math.isfinite(hi) and not lo < proposal < hi:
-            proposal = (lo + hi) / 2
-        elif not proposal > lo:
-            proposal = lo * 1.25
-        if hi / lo < 1.02:
-            break
-        f = proposal
-    schedules = [options["initial_schedule"]] + ([best[0].plan.schedule] if best else [])
-    by_bytes = _byte_planned(graph, budget_bytes, spec, cg, schedules, options) \
-        if config.byte_planner else None
-    if best is None and by_bytes is None:
-        raise Infeasible(f"no plan's shared pool fits the budget of {budget_bytes} bytes; "
-                         "raise the memory budget")
-    if by_bytes is not None and (best is None or by_bytes.prediction.step_time_s
-                                 < best[0].plan.prediction.step_time_s):
-        return _byte_result(by_bytes, cg, spec, config, generations, evaluations, heuristic,
-                            best[0] if best else None)
-    res, shared = best
-    planned = replace(res.plan, allocation=shared, budget_bytes=int(budget_bytes))
-    return replace(res, plan=planned, generations=generations, evaluations=evaluations,
-                   heuristic_time_s=heuristic, config=config)
-
-
-def _byte_result(plan: Plan, cg, spec, config, generations, evaluations, heuristic,
-                 beaten: SearchResult | None) -> SearchResult:
-    """A SearchResult for a byte-planned ``plan``: its evaluation from the simulator,
-    the history and stopping reason of the genetic search it ``beaten`` (None: no
-    pool of that search fitted)."""
-    from tfswap.core import simulator
-
-    prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
-    sim = simulator.run_program(cg, prog, plan.allocation, spec)
-    ev = Evaluation(feasible=True, step_time_s=sim.step_time_s, ideal_time_s=sim.ideal_time_s,
-                    stall_s=sim.stall_s, peak_bytes=sim.peak_bytes, h2d_bytes=sim.h2d_bytes,
-                    d2h_bytes=sim.d2h_bytes, n_swap_outs=sum(o.copy for o in prog.outs),
-                    n_swap_ins=len(prog.ins), passes=1,
-                    class_peak_objects=sim.class_peak_objects, program=prog)
-    return SearchResult(plan=replace(plan, planner=BYTES_PLANNER_NAME), best_evaluation=ev,
-                        history=beaten.history if beaten else (), heuristic_time_s=heuristic,
-                        generations=generations, evaluations=evaluations,
-                        stopped_because=beaten.stopped_because if beaten else
-                        "no shared pool of the genetic search fitted", config=config)
-
-
-def _byte_planned(graph, budget_bytes, spec, cg, schedules, options) -> Plan | None:
-    """The fastest plan of :mod:`tfswap.core.byte_planner` on ``schedules`` whose shared
-    arena fits, or None.
-
-    The class planner evicts within a size class; with a shared arena what must
-    fit is bytes, and on steps several times the device (Inception-V3 at batch
-    512 on a 16 GiB V100) evicting across classes moves far less.  That planner
-    keeps every parameter on the device, so it is not tried when parameters
-    start the step in host memory.
-    """
-    from tfswap.core import byte_planner
-
-    if options["params_start_on_host"] and any(
-            cg.buf_persistent[b] and not cg.buf_pinned[b] for b in range(cg.n_buffers)):
-        return None
-    best, seen = None, set()
-    for schedule in schedules:
-        order = cg.order_of(schedule).tobytes()
-        if order in seen:    # the search's best schedule can be TF's order itself
-            continue
-        seen.add(order)
-        try:
-            got = byte_planner.plan(graph, budget_bytes, spec, schedule=schedule, compiled=cg,
-                                    memory="shared")
-        except Infeasible:
-            continue
-        if best is None or got.prediction.step_time_s < best.prediction.step_time_s:
-            best = got
-    return best

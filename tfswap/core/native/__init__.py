@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfswap._native_build import NativeLibrary
+from tfswap.core.native.build import NativeLibrary
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.plan import Allocation

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfswap._native_build import NativeLibrary
+from tfswap.core.native.build import NativeLibrary
 
 def _configure(lib: ctypes.CDLL) -> None:
     p = ctypes.c_void_p
