@@ -165,3 +165,13 @@ def test_measured_figures_are_read_back_from_the_cache(tmp_path, monkeypatch):
     got, how = gpu.measured_spec("/device:GPU:0", "Some GPU")
     assert got == spec and isinstance(got, DeviceSpec) and "cached" in how
     assert "gpu-some-gpu.json" in gpu.cached_specs()
+
+
+def test_duplex_uses_both_directions_at_once():
+    rate = 1e9   # 4 ms a copy: far more than the memcpy behind it
+    one_way = link.sample("d2h", 4 << 20, emulate.DEVICE, emulate.HOST, short=1, long=3,
+                          repeats=2, link_bytes_per_s=rate)
+    both = link.sample("duplex", 4 << 20, emulate.DEVICE, emulate.HOST, short=1, long=3,
+                       repeats=2, link_bytes_per_s=rate)
+    assert both.per_copy_s < 1.5 * one_way.per_copy_s   # not one chain after the other
+    assert both.bytes_per_s > 1.3 * one_way.bytes_per_s

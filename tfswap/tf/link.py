@@ -1,7 +1,7 @@
 """The swap link measured with tfswap's own ops: per-copy latency and bandwidth.
 
 A chain of ``n`` copies of one tensor of ``nbytes`` runs inside one
-``tf.function``: each copy waits (a control edge) for the previous one to
+function: each copy waits (a control edge) for the previous one to
 be done, so the copies never overlap and the function returns when the last
 is done (an eager call waits for its asynchronous kernels; nothing is read
 back with ``.numpy()``).  The host buffers are the swap ops' own: a GPU
@@ -62,9 +62,15 @@ class LinkSample:
         return moved / self.per_copy_s if self.per_copy_s > 0 else float("inf")
 
 
-def chain(direction: str, copies: int, device: str, host: str,
+def chain(direction: str, copies: int, device: str, host: str, nbytes: int,
           link_bytes_per_s: float = 0.0):
-    """A ``tf.function`` of one device tensor running ``copies`` chained copies."""
+    """A function of two device tensors of ``nbytes`` running ``copies`` chained copies.
+
+    Built with ``tf.compat.v1.wrap_function``, as tfswap binds a rewritten step
+    (:mod:`tfswap.tf.runtime`): a ``tf.function`` would add automatic control
+    edges between all stateful ops in program order, which serialises the two
+    chains of "duplex".
+    """
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
@@ -88,7 +94,6 @@ def chain(direction: str, copies: int, device: str, host: str,
                 last = ops.swap_in(held, link_bytes_per_s=link_bytes_per_s)
         return last
 
-    @tf.function(autograph=False)
     def run(x, y):
         with tf.device(device):
             if direction == "d2h":
@@ -101,9 +106,10 @@ def chain(direction: str, copies: int, device: str, host: str,
             # returns only when they are done (the ops are stateful and run
             # anyway); no copy's bytes are read back.
             with tf.control_dependencies(last):
-                return tf.constant(0, tf.int32)
+                return tf.identity(tf.constant(0, tf.int32))
 
-    return run
+    spec = tf.TensorSpec([nbytes // 4], tf.float32)
+    return tf.compat.v1.wrap_function(run, [spec, spec])
 
 
 def device_tensor(nbytes: int, device: str, seed: int = 0):
@@ -128,7 +134,7 @@ def sample(direction: str, nbytes: int, device: str, host: str, *, short: int = 
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     x = device_tensor(nbytes, device, 0)
     y = device_tensor(nbytes, device, 1)
-    fns = {n: chain(direction, n, device, host, link_bytes_per_s) for n in (short, long)}
+    fns = {n: chain(direction, n, device, host, nbytes, link_bytes_per_s) for n in (short, long)}
     for fn in fns.values():
         fn(x, y)
     per_copy = []
