@@ -21,7 +21,7 @@ PCIe link as nvidia-smi reports it.  Writes the rows as CSV (``--out``).
 
 On the GPU machine (``../shared/gpu/README.md``)::
 
-    source .gpu/kit/env.sh; python benchmarks/gpu_link.py --out $OUT/gpu_link_h100.csv
+    source .gpu/kit/env.sh; python3 benchmarks/gpu_link.py --out $OUT/gpu_link_h100.csv
 """
 
 import argparse
