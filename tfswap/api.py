@@ -56,6 +56,7 @@ class OptimizedFunction:
     profile: Any = None
     notes: tuple[str, ...] = ()
     measured_peak_bytes: int | None = None   # when optimize verified the plan by running it
+    measured_on: str | None = None   # what measured_peak_bytes is: the device and the method
 
     def __call__(self, *args, **kwargs):
         return self.bound(*args, **kwargs)
@@ -97,7 +98,7 @@ class OptimizedFunction:
             title=f"tfswap plan {self.plan.id} ({self.plan.planner}) for {name} on "
                   f"{self.device} (device spec {self.spec.name})",
             budget_bytes=self.budget_bytes, measured_peak_bytes=self.measured_peak_bytes,
-            notes=self.notes)
+            measured_on=self.measured_on, notes=self.notes)
 
     def timeline(self):
         """The plan simulated on this step's graph: :class:`tfswap.report.Timeline`."""
@@ -181,15 +182,24 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
     made = verified.materialized
     planned, prepared = made.planned, made.planned.prepared
     notes = prepared.notes + planned.notes
-    if planned.attempt.replans and verified.measured_peak_bytes is not None:
-        notes += (f"verified on the emulated device after {planned.attempt.replans} re-plan(s): "
+    if verified.measured_peak_bytes is not None:
+        notes += (f"verified on {prepared.device} after {planned.attempt.replans} re-plan(s): "
                   f"measured peak {verified.measured_peak_bytes} B <= budget",)
+    elif planned.plan.planner != pipeline.NO_SWAP:
+        notes += (f"not verified: {_unverified_reason(prepared)}; the peak is the memory "
+                  "model's prediction",)
     return OptimizedFunction(
         plan=planned.plan, captured=prepared.captured, lowered=planned.attempt.step.lowered,
         rewritten=made.rewritten, bound=made.bound, spec=prepared.spec,
         budget_bytes=prepared.budget_bytes, device=prepared.device, host=prepared.host,
         search=planned.search, profile=prepared.profile, notes=notes,
-        measured_peak_bytes=verified.measured_peak_bytes)
+        measured_peak_bytes=verified.measured_peak_bytes, measured_on=verified.measured_on)
+
+
+def _unverified_reason(prepared: pipeline.Prepared) -> str:
+    if prepared.options.verify_rounds == 0:
+        return "verify_rounds=0"
+    return f"this process cannot measure the peak of {prepared.device}"
 
 
 def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,

@@ -67,8 +67,9 @@ class Options:
     read before its use on the device (SwapAdvisor's parameter swapping; the
     updates run on the host).  ``device_spec``: the device's
     figures for the simulator (default "cpu-emulated" on the emulated device;
-    required on a GPU unless ``profile`` measures it, then its link figures
-    default to "v100-16g-pcie3").  ``profile``: "trace" (run the step),
+    on a GPU the preset for its name, e.g. "h100-80g-pcie5" for an "NVIDIA H100
+    80GB HBM3", or for a GPU no preset describes its figures measured once and
+    cached; a note in the report says which).  ``profile``: "trace" (run the step),
     "isolated" (time each op alone; for steps that do not fit), "analytic"
     (roofline from ``device_spec``), or "auto" (trace, else isolated).
     ``search_time``: seconds the whole call may take (profiling, every search
@@ -97,9 +98,10 @@ class Options:
     (:mod:`tfswap.core.byte_planner`), which moves far less on steps several
     times the device; off by default (see ``SearchConfig.byte_planner``).
     ``verify_rounds``: where the device's peak can be measured (the emulated
-    device), the rewritten step is measured (3 runs in each of 2 sessions) and,
-    if it needs more than the budget, planned again with the excess taken off,
-    up to this many times (0: trust the model).
+    device: 3 runs in each of 2 sessions; a GPU: its allocator's peak over 3
+    runs of the rewritten step), the rewritten step is measured and, if it
+    needs more than the budget, planned again with the excess taken off, up to
+    this many times (0: trust the model).
     """
 
     memory_budget: Any
@@ -188,12 +190,18 @@ class Prepared:
         return self.profile.source == "trace" and (self.profile.peak_bytes or 0) > self.budget_bytes
 
     @property
-    def verifiable(self) -> bool:
-        """Whether this machine can measure the device's peak (the emulated device)."""
-        from tfswap.tf import emulate
+    def peak_method(self) -> str | None:
+        """How the device's peak is measured here (:func:`tfswap.tf.measure.peak_method`):
+        step stats on the emulated device, the allocator on a GPU, else None."""
+        from tfswap.tf import emulate, measure
 
-        return (self.options.verify_rounds > 0 and emulate.is_active()
-                and self.device == emulate.DEVICE)
+        return measure.peak_method(self.device, emulate.is_active())
+
+    @property
+    def verifiable(self) -> bool:
+        """Whether the rewritten step is measured: verification is on and this
+        machine can measure the device's peak (the emulated device, a GPU)."""
+        return self.options.verify_rounds > 0 and self.peak_method is not None
 
 
 @dataclass(frozen=True)
@@ -231,6 +239,7 @@ class Materialized:
 class Verified:
     materialized: Materialized
     measured_peak_bytes: int | None   # None: this device's peak cannot be measured here
+    measured_on: str | None = None    # what was measured, on which device, and how
 
     @property
     def within_budget(self) -> bool:
@@ -248,7 +257,7 @@ def prepare(concrete_fn, options: Options) -> Prepared:
     deadline = None if options.generations is not None else started + options.search_time_s
     device, host = placement(options.device, options.host)
     captured = capture_mod.capture(concrete_fn, device=device)
-    spec = spec_for(options.device_spec, device)
+    spec, spec_note = choose_spec(options.device_spec, device)
     budget = parse_budget(options.memory_budget, spec.memory_bytes)
     capture_mod.warn_legacy_random(captured)
     feed = list(options.inputs) if options.inputs is not None else \
@@ -260,8 +269,9 @@ def prepare(concrete_fn, options: Options) -> Prepared:
         from tfswap.tf.shapes import refuse_unsized
 
         refuse_unsized(captured, step.lowered, prof.source)
+    notes = (spec_note,) if spec_note else ()
     return Prepared(options, captured, prof, step, spec, budget, device, host, feed, deadline,
-                    (f"profile: {prof.source}, {time.monotonic() - started:.1f} s",))
+                    notes + (f"profile: {prof.source}, {time.monotonic() - started:.1f} s",))
 
 
 def with_budget(prepared: Prepared, memory_budget) -> Prepared:
@@ -347,12 +357,24 @@ def placement(device: str | None, host: str | None) -> tuple[str, str]:
 
 
 def spec_for(device_spec, device: str) -> DeviceSpec:
-    """The device's figures: the given spec, the emulated device's, or the V100's."""
+    """The device's figures (:func:`choose_spec`)."""
+    return choose_spec(device_spec, device)[0]
+
+
+def choose_spec(device_spec, device: str) -> tuple[DeviceSpec, str | None]:
+    """(the device's figures, a note saying where they come from when not given).
+
+    The given spec; on a CPU, the emulated device's; on a GPU, the preset for
+    the GPU's name ("NVIDIA H100 80GB HBM3" -> "h100-80g-pcie5"), else the GPU's
+    figures measured once and cached (:mod:`tfswap.tf.gpu`).
+    """
     if device_spec is not None:
-        return resolve_spec(device_spec)
+        return resolve_spec(device_spec), None
     if "CPU" in device.upper():
-        return cpu_emulated()
-    return resolve_spec("v100-16g-pcie3")
+        return cpu_emulated(), None
+    from tfswap.tf import gpu
+
+    return gpu.spec_for_gpu(device)   # GPU-only
 
 
 def sample_inputs(captured, seed: int) -> list:
@@ -519,13 +541,23 @@ def materialize(planned: Planned) -> Materialized:
 
 
 def verify(made: Materialized) -> Verified:
-    """The rewritten step's device peak, measured where this machine can (the worst of
-    3 runs in each of 2 sessions), else None."""
+    """The rewritten step's device peak, measured where this machine can, else None.
+
+    On the emulated device: the step stats of a traced Session run, the worst of
+    3 runs in each of 2 sessions.  On a GPU (GPU-only path): the bound step
+    itself, the allocator's peak of the worst of 3 runs after a warm-up, the
+    user's variables put back afterwards (:func:`tfswap.tf.measure.allocator_peak`).
+    """
     prepared = made.planned.prepared
     # A step that fits unmodified was measured by its traced profile already.
     if not prepared.verifiable or made.planned.plan.planner == NO_SWAP:
         return Verified(made, None)
     from tfswap.tf import measure
+
+    if prepared.peak_method == measure.ALLOCATOR:   # GPU-only
+        m = measure.allocator_peak(made.bound, prepared.feed, prepared.captured,
+                                   prepared.device, runs=3, warmup=1)
+        return Verified(made, m.peak_bytes, m.describe())
 
     # The worst of 3 runs: how soon a swap-in starts after its trigger depends
     # on the executor's threads, which moves the measured peak below the
@@ -535,7 +567,9 @@ def verify(made: Materialized) -> Verified:
     # the first session, 427532 B in the next four, 443916 B in another run).
     peak = max(measure.measure(prepared.captured, made.rewritten.graph_def, prepared.feed,
                                runs=3, warmup=1).peak_bytes for _ in range(VERIFY_SESSIONS))
-    return Verified(made, peak)
+    return Verified(made, peak, f"the step stats of the emulated device {prepared.device} "
+                    f"(allocation records), worst of 3 runs in each of {VERIFY_SESSIONS} "
+                    "sessions")
 
 
 # ---------------------------------------------------------------- refine
@@ -546,7 +580,7 @@ def after_infeasible(prepared: Prepared, attempt: Attempt, err: Infeasible) -> A
     if attempt.measured_bytes is not None:
         raise BudgetError(
             f"memory_budget {prepared.budget_bytes} bytes: the rewritten step measured "
-            f"{attempt.measured_bytes} bytes on the emulated device (more than the memory "
+            f"{attempt.measured_bytes} bytes on {prepared.device} (more than the memory "
             f"model predicted), and with that much less room no plan fits. Pass at least "
             f"about {int(1.05 * attempt.measured_bytes) + 1} bytes (what that plan measured, "
             f"plus 5%), or raise safety_margin. (Planner: {err})") from err
@@ -617,4 +651,4 @@ __all__ = ["Attempt", "Lowered", "Materialized", "NoDeviceError", "Options", "Pl
            "Prepared", "Verified", "after_infeasible", "finish", "first_attempt", "lower", "lower_default",
            "materialize", "minimum_budget", "pin_parameters", "placement", "plan",
            "planner_budget", "prepare", "refine", "sample_inputs", "small_threshold",
-           "spec_for", "verify", "with_budget", "working_set_text"]
+           "choose_spec", "spec_for", "verify", "with_budget", "working_set_text"]

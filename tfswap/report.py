@@ -71,7 +71,8 @@ def swap_counts(plan: Plan) -> dict[str, int]:
 
 def summary(plan: Plan, *, search=None, graph: DataflowGraph | None = None,
             title: str | None = None, budget_bytes: int | None = None,
-            measured_peak_bytes: int | None = None, notes: Sequence[str] = ()) -> str:
+            measured_peak_bytes: int | None = None, measured_on: str | None = None,
+            notes: Sequence[str] = ()) -> str:
     """A readable table of what ``plan`` does and what it is predicted to cost.
 
     Rows: step time predicted vs ideal, device peak vs budget (and the
@@ -100,6 +101,8 @@ def summary(plan: Plan, *, search=None, graph: DataflowGraph | None = None,
     rows += [("device -> host", human_bytes(pred.swap_out_bytes), "", "swapped out"),
              ("host -> device", human_bytes(pred.swap_in_bytes), "", "swapped in")]
     lines += _table(rows)
+    if measured_peak_bytes is not None and measured_on:
+        lines.append(f"  measured peak: {measured_on}")
     counts = swap_counts(plan)
     kinds = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in counts.items() if n)
     lines.append(f"  swaps: {len(plan.swaps)}" + (f" ({kinds})" if kinds else ""))

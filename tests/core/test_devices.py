@@ -96,3 +96,30 @@ def test_cpu_emulated_prices_copies_at_the_emulated_link(tmp_path, monkeypatch):
     for bad in (0, -1.0, float("inf"), float("nan"), True, "2e8"):
         with pytest.raises(ValueError, match="link_bytes_per_s"):
             devices.cpu_emulated(link_bytes_per_s=bad)
+
+
+@pytest.mark.parametrize("name, preset", [
+    ("NVIDIA H100 80GB HBM3", "h100-80g-pcie5"),     # SXM5: PCIe 5 to the host
+    ("NVIDIA H100 PCIe", "h100-80g-pcie5"),
+    ("NVIDIA A100-SXM4-40GB", "a100-40g-pcie4"),
+    ("NVIDIA A100-PCIE-40GB", "a100-40g-pcie4"),
+    ("Tesla V100-PCIE-16GB", "v100-16g-pcie3"),
+    ("Tesla V100-SXM2-16GB", "v100-16g-pcie3"),
+    # Another memory size of a family, or another GPU: no preset (measured).
+    ("NVIDIA H100 NVL", None),
+    ("NVIDIA H200", None),
+    ("NVIDIA A100-SXM4-80GB", None),
+    ("NVIDIA A100 80GB PCIe", None),
+    ("Tesla V100-SXM2-32GB", None),
+    ("NVIDIA GeForce RTX 4090", None),
+    ("", None),
+])
+def test_a_gpu_name_maps_to_the_preset_of_its_memory_and_link(name, preset):
+    assert devices.gpu_preset(name) == preset
+    if preset is not None:
+        assert devices.device_spec(preset).name == preset
+
+
+def test_a_gpu_name_must_be_a_string():
+    with pytest.raises(TypeError, match="device_name must be a str"):
+        devices.gpu_preset(None)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import numbers
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -102,6 +103,38 @@ PRESETS: dict[str, DeviceSpec] = {
         memory_bandwidth_bytes_per_s=0.8 * 2000 * GB, h2d_bytes_per_s=50 * GB,
         d2h_bytes_per_s=50 * GB, duplex_bytes_per_s=80 * GB, launch_overhead_s=4e-6),
 }
+
+
+# GPU names as the CUDA driver reports them (TensorFlow's
+# ``tf.config.experimental.get_device_details(gpu)["device_name"]``, nvidia-smi's
+# "Product Name") -> the preset with that memory size and host link.  Only the
+# host link and the memory size must match: SXM boards ("H100 80GB HBM3",
+# "A100-SXM4-40GB", "V100-SXM2-16GB") reach the host over the same PCIe generation
+# as the PCIe boards, and their faster compute is measured by the traced profile
+# (the preset's compute figures serve the analytic profile only).  Other
+# memory sizes of a family (H100 NVL 94 GB, A100 80 GB, V100 32 GB) match no
+# preset: their figures are measured (``tfswap.tf.gpu``).
+GPU_NAME_PRESETS: tuple[tuple[str, str], ...] = (
+    (r"\bH100\b(?!.*\bNVL\b).*\b(80\s*GB|PCIe)\b", "h100-80g-pcie5"),
+    (r"\bA100\b.*\b40\s*GB\b", "a100-40g-pcie4"),
+    (r"\bV100\b.*\b16\s*GB\b", "v100-16g-pcie3"),
+)
+
+
+def gpu_preset(device_name: str) -> str | None:
+    """The preset for a GPU of this name, or None when no preset describes it.
+
+    Example::
+
+        gpu_preset("NVIDIA H100 80GB HBM3")    # "h100-80g-pcie5"
+        gpu_preset("NVIDIA H200")              # None: measure it
+    """
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be a str, got {type(device_name).__name__}")
+    for pattern, preset in GPU_NAME_PRESETS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return preset
+    return None
 
 
 def _cache_dir() -> Path:

@@ -237,3 +237,104 @@ def measure(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
         start_micros={name: start for start, name, _ in order},
         executed_types={n.name: n.op for g in last.partition_graphs for n in g.node},
     )
+
+
+# ---------------------------------------------------------------- how to measure a device
+
+STEP_STATS = "step-stats"   # the emulated device: allocation records of a traced Session run
+ALLOCATOR = "allocator"     # a GPU: the BFC allocator's peak (reset_memory_stats/get_memory_info)
+
+
+def peak_method(device: str, emulated: bool, emulated_device: str = DEVICE) -> str | None:
+    """How this process can measure ``device``'s peak: :data:`STEP_STATS` on the
+    emulated device (``emulated``: :func:`tfswap.tf.emulate.is_active`),
+    :data:`ALLOCATOR` on a GPU, None elsewhere (a CPU that is not the emulated
+    device: its allocator also holds the host's tensors).
+
+    Example::
+
+        peak_method("/device:GPU:0", emulated=False)    # "allocator"
+    """
+    spec = tf.DeviceSpec.from_string(device)
+    kind = (spec.device_type or "").upper()
+    if emulated and _device_suffix(device) == _device_suffix(emulated_device):
+        return STEP_STATS
+    if kind == "GPU":
+        return ALLOCATOR
+    return None
+
+
+@dataclass(frozen=True)
+class AllocatorMeasurement:
+    """The peak of a callable's runs from the device allocator's statistics."""
+
+    peak_bytes: int              # worst run: transient + the step's device variables
+    transient_peak_bytes: int    # worst run's peak less what was in use before it
+    variable_bytes: int          # the captured variables homed on the device
+    run_peaks: tuple[int, ...]   # each measured run's transient peak
+    device: str
+
+    def describe(self) -> str:
+        return (f"the allocator's peak on {self.device} (tf.config.experimental."
+                f"reset_memory_stats / get_memory_info), worst of {len(self.run_peaks)} runs "
+                "after a warm-up, less the bytes in use before each run, plus the step's "
+                "device-homed variables")
+
+
+def device_variable_bytes(captured: CapturedFunction) -> int:
+    """Bytes of the captured variables that live on the device (not host-homed)."""
+    return sum(int(np.prod(cap.variable.shape)) * cap.variable.dtype.size
+               for cap in captured.captures if cap.variable is not None and not cap.host_homed)
+
+
+def _allocator_name(device: str) -> str:
+    """"GPU:0" for "/device:GPU:0" (what tf.config.experimental's memory calls take)."""
+    spec = tf.DeviceSpec.from_string(device)
+    return f"{spec.device_type}:{spec.device_index or 0}"
+
+
+def allocator_peak(fn, inputs, captured: CapturedFunction, device: str, runs: int = 3,
+                   warmup: int = 1, restore: bool = True) -> AllocatorMeasurement:
+    """Run ``fn(*inputs)`` (e.g. a bound rewritten step) and measure ``device``'s
+    peak from its allocator: before each run ``reset_memory_stats``, then the
+    run, then ``get_memory_info(device)["peak"]`` less the bytes in use before
+    it (what else the process holds), plus the step's device-homed variables
+    (in use before, and part of the step's footprint as the plan counts it).
+
+    The step updates the user's variables: ``restore`` puts back the values
+    they had before (read into host memory first).  ``warmup`` runs are not
+    measured (on a GPU the first run autotunes cuDNN with scratch memory of its
+    own).  The function runs the step where it is bound, so this measures what
+    the user's calls will do.  Used on a GPU (:func:`peak_method`); it also
+    runs on a CPU device, whose allocator counts the host's tensors too.
+    """
+    if runs < 1 or warmup < 0:
+        raise ValueError(f"need runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
+    name = _allocator_name(device)
+    variables = captured.variables
+    saved = [v.numpy() for v in variables] if restore else None
+    try:
+        for _ in range(warmup):
+            _sync(fn(*inputs))
+        peaks = []
+        for _ in range(runs):
+            _sync(())   # nothing pending from before
+            tf.config.experimental.reset_memory_stats(name)
+            before = tf.config.experimental.get_memory_info(name)["current"]
+            _sync(fn(*inputs))
+            peaks.append(int(tf.config.experimental.get_memory_info(name)["peak"]) - int(before))
+    finally:
+        if saved is not None:
+            for v, value in zip(variables, saved):
+                v.assign(value)
+    variable_bytes = device_variable_bytes(captured)
+    return AllocatorMeasurement(max(peaks) + variable_bytes, max(peaks), variable_bytes,
+                                tuple(peaks), device)
+
+
+def _sync(outputs) -> None:
+    """Wait until ``outputs`` are computed (one small read per output; the step's
+    memory was allocated and freed by then)."""
+    for t in tf.nest.flatten(outputs):
+        if isinstance(t, tf.Tensor):
+            tf.reduce_sum(tf.reshape(t, [-1])[:1]).numpy()

@@ -1,0 +1,381 @@
+"""Does the optimised step stay within its budget on a GPU, and compute the same? (issue #19)
+
+    python benchmarks/gpu_validate.py [--models cnn,resnet50,resnet50_host,bert,transformer,lstm4]
+        [--verify-rounds 3] [--generations 5] [--workers N] [--out benchmarks/out/gpu_validate_h100.csv]
+    python benchmarks/gpu_validate.py --emulated --small ...      # the same, small, on the CPU
+    python benchmarks/gpu_validate.py --merge a.csv b.csv --out benchmarks/out/gpu_validate_h100.csv
+
+Rows (fractions of the unmodified step's measured device peak):
+
+| model | step | fractions |
+|---|---|---|
+| cnn | ``zoo.cnn`` b64 64px | 0.5 |
+| resnet50 | ``zoo.resnet50`` b64 128px | 0.6, 0.4 |
+| resnet50_host | ``zoo.resnet50`` b32 128px, variables in host memory | 0.3 of the device-homed peak |
+| bert | ``zoo.bert`` b32 seq 256 dim 256, 4 layers | 0.6, 0.4 |
+| transformer | ``zoo.transformer`` b32 seq 256 dim 256, 4 layers, vocab 4096 | 0.6, 0.4 |
+| lstm4 | ``zoo.lstm`` b256, 24 steps, 128 features, 512 units, 4 layers | 0.6, 0.4 |
+
+Each model runs in a subprocess of its own (its rows share it; each measurement
+subtracts the bytes in use before it), under
+``tf.config.experimental.enable_op_determinism()`` and with
+``TF_FORCE_GPU_ALLOW_GROWTH=true``.  Per row: the unmodified step's peak and time
+(the user's ``tf.function``), the budget, ``tfswap.optimize`` (``generations``,
+``seed=0``, ``verify_rounds``) and its planning seconds, the plan's predicted
+peak and step time, the optimised step's measured peak and time, and whether
+3 steps of it from the same variables give bit-identical losses and variables
+to 3 steps of the user's function.
+
+Measured peak: on a GPU the BFC allocator's (``reset_memory_stats``, run,
+``get_memory_info(device)["peak"]``, less the bytes in use before, plus the
+step's device-homed variables; worst of 3 runs after a warm-up:
+:func:`tfswap.tf.measure.allocator_peak`); on the emulated device the step
+stats' (:func:`tfswap.tf.measure.measure`, worst of 2 sessions).  Step time: the
+median of 3 timings of 10 consecutive steps (one scalar read at the end of
+each 10), variables put back afterwards.  With ``--verify-rounds 0`` optimize
+trusts its memory model, so the predicted and measured columns are the
+model's accuracy.
+
+Writes the CSV (``--out``; columns :data:`COLUMNS`) after each model, and beside it
+``<out>.jsonl`` (each row with its notes, the plan's report, errors) and
+``<out>.log`` (the subprocesses' stderr).
+"""
+
+import argparse
+import csv
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+COLUMNS = ("model", "batch", "fraction", "budget_bytes", "predicted_peak_bytes",
+           "measured_peak_bytes", "predicted_step_s", "measured_step_s", "unmodified_step_s",
+           "identical", "plan_s")
+ROW_MARK = "GPU_VALIDATE_ROW "
+
+
+def _zoo(builder, **sizes):
+    def build(variables_on=None):
+        from tfswap import zoo
+
+        return getattr(zoo, builder)(variables_on=variables_on, **sizes)
+    return build
+
+
+# name -> (builder, batch, fractions, variables in host memory)
+FULL = {
+    "cnn": (_zoo("cnn", batch=64, image=64), 64, (0.5,), False),
+    "resnet50": (_zoo("resnet50", batch=64, image=128), 64, (0.6, 0.4), False),
+    "resnet50_host": (_zoo("resnet50", batch=32, image=128), 32, (0.3,), True),
+    "bert": (_zoo("bert", batch=32, seq=256, dim=256, heads=4, layers=4), 32, (0.6, 0.4), False),
+    "transformer": (_zoo("transformer", batch=32, seq=256, dim=256, heads=4, layers=4,
+                         vocab=4096), 32, (0.6, 0.4), False),
+    "lstm4": (_zoo("lstm", batch=256, steps=24, features=128, units=512, layers=4), 256,
+              (0.6, 0.4), False),
+}
+# --small: sizes that plan and run in seconds on a 2-core CPU.
+SMALL = {
+    "cnn": (_zoo("cnn", batch=16, image=16, channels=8, blocks=4), 16, (0.5,), False),
+    "resnet50": (_zoo("resnet50", batch=2, image=32), 2, (0.6, 0.4), False),
+    "resnet50_host": (_zoo("resnet50", batch=2, image=32), 2, (0.3,), True),
+    "bert": (_zoo("bert", batch=16, seq=64, dim=64, heads=4, layers=2, vocab=256), 16,
+             (0.6, 0.4), False),
+    "transformer": (_zoo("transformer", batch=16, seq=64, dim=64, heads=4, layers=2,
+                         vocab=256), 16, (0.6, 0.4), False),
+    "lstm4": (_zoo("lstm", batch=64, steps=8, features=16, units=32, layers=4), 64,
+              (0.6, 0.4), False),
+}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(FULL))
+    parser.add_argument("--emulated", action="store_true",
+                        help="run on the emulated device (CPU:0 the device, CPU:1 the host)")
+    parser.add_argument("--small", action="store_true", help="small sizes (see SMALL)")
+    parser.add_argument("--fractions", default=None,
+                        help="override every model's fractions (comma-separated)")
+    parser.add_argument("--verify-rounds", type=int, default=3,
+                        help="optimize's verify_rounds; 0: the memory model's accuracy")
+    parser.add_argument("--generations", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=None,
+                        help="optimize's scoring threads (default: all cores)")
+    parser.add_argument("--timeout-s", type=float, default=None,
+                        help="seconds each model's subprocess may take (default: no limit)")
+    parser.add_argument("--out", default="benchmarks/out/gpu_validate_h100.csv")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="CSV",
+                        help="only merge these CSVs (and their .jsonl) into --out")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    table = SMALL if args.small else FULL
+    args.models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in args.models if m not in table]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose from {sorted(table)}")
+    if args.verify_rounds < 0:
+        parser.error("--verify-rounds must be >= 0")
+    return args
+
+
+# ---------------------------------------------------------------- the child: one model
+
+def _sync(outputs) -> None:
+    import tensorflow as tf
+
+    for t in tf.nest.flatten(outputs):
+        if isinstance(t, tf.Tensor):
+            tf.reduce_sum(tf.reshape(t, [-1])[:1]).numpy()
+
+
+def step_time(fn, batch, variables, steps: int, repeats: int) -> float:
+    """Median seconds per step over ``repeats`` timings of ``steps`` consecutive steps
+    (one scalar read at the end of each), after one untimed step; variables put back."""
+    saved = [v.numpy() for v in variables]
+    try:
+        _sync(fn(*batch))
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = None
+            for _ in range(steps):
+                out = fn(*batch)
+            _sync(out)
+            times.append((time.perf_counter() - start) / steps)
+    finally:
+        for v, value in zip(variables, saved):
+            v.assign(value)
+    return float(statistics.median(times))
+
+
+def peak(fn, graph_def, batch, captured, device, method) -> tuple[int, str]:
+    """(measured device peak, how)."""
+    from tfswap.tf import measure
+
+    if method == measure.ALLOCATOR:   # GPU
+        m = measure.allocator_peak(fn, batch, captured, device, runs=3, warmup=1)
+        return m.peak_bytes, m.describe()
+    if method == measure.STEP_STATS:  # the emulated device
+        value = max(measure.measure(captured, graph_def, batch).peak_bytes for _ in range(2))
+        return value, f"step stats of the emulated device {device}, worst of 2 sessions"
+    raise RuntimeError(f"this process cannot measure the peak of {device}")
+
+
+def same_training(reference, candidate, variables, batch, steps: int = 3):
+    """(bit-identical, worst relative difference) of ``steps`` steps of each from the
+    same variables (put back afterwards)."""
+    import numpy as np
+
+    from tests.tf.equality import run_steps, worst_relative_difference
+
+    initial = [v.numpy() for v in variables]
+    try:
+        ref_losses, ref_vars = run_steps(reference, variables, initial, batch, steps)
+        losses, got_vars = run_steps(candidate, variables, initial, batch, steps)
+    finally:
+        for v, value in zip(variables, initial):
+            v.assign(value)
+    exact = losses == ref_losses and all(np.array_equal(a, b) for a, b in zip(ref_vars, got_vars))
+    worst, _ = worst_relative_difference(ref_vars, got_vars, variables)
+    worst = max([worst] + [abs(a - b) / max(1.0, abs(a)) for a, b in zip(ref_losses, losses)])
+    return bool(exact), float(worst)
+
+
+def run_model(name: str, args) -> None:
+    """Measure every row of ``name`` and print each as one ROW_MARK line of JSON."""
+    if args.emulated:
+        from tfswap.tf import emulate
+
+        emulate.setup()
+    import tensorflow as tf
+
+    tf.random.set_seed(0)
+    tf.config.experimental.enable_op_determinism()
+    import tfswap
+    from tfswap.tf import capture, emulate, measure, runtime
+
+    if args.emulated:
+        device, host = emulate.DEVICE, emulate.HOST
+    else:
+        gpus = tf.config.list_logical_devices("GPU")
+        if not gpus:
+            raise SystemExit("no GPU is visible to TensorFlow; pass --emulated to run on "
+                             "the emulated device")
+        device, host = gpus[0].name, "/device:CPU:0"
+    method = measure.peak_method(device, emulate.is_active())
+    build, batch, fractions, host_variables = (SMALL if args.small else FULL)[name]
+    if args.fractions:
+        fractions = tuple(float(f) for f in args.fractions.split(","))
+    timing = dict(steps=3, repeats=1) if args.emulated else dict(steps=10, repeats=3)
+    device_name = ""
+    if not args.emulated:
+        from tfswap.tf import gpu
+
+        device_name = gpu.device_name(device)
+
+    step = build()
+    captured = capture.capture(step.concrete_fn, device=device)
+    _sync(step.concrete_fn(*step.batch))   # traced, and (GPU) autotuned once
+    base_peak, base_how = peak(step.concrete_fn, captured.graph_def, step.batch, captured,
+                               device, method)
+    base_time = step_time(step.concrete_fn, step.batch, captured.variables, **timing)
+    print(f"{name}: unmodified peak {base_peak} B, {base_time * 1e3:.2f} ms/step "
+          f"({base_how})", flush=True)
+    host_time = None
+    if host_variables:
+        del step, captured
+        gc.collect()
+        step = build(host)
+        captured = capture.capture(step.concrete_fn, device=device)
+        host_time = step_time(step.concrete_fn, step.batch, captured.variables, **timing)
+    unmodified = runtime.bind(captured, captured.graph_def)
+    for fraction in fractions:
+        budget = int(fraction * base_peak)
+        row = dict(model=name, batch=batch, fraction=fraction, budget_bytes=budget,
+                   unmodified_step_s=base_time, unmodified_peak_bytes=base_peak,
+                   host_variables_unmodified_step_s=host_time, device=device,
+                   device_name=device_name, verify_rounds=args.verify_rounds,
+                   generations=args.generations, measured_how=base_how)
+        fast = None
+        try:
+            start = time.perf_counter()
+            fast = tfswap.optimize(step.concrete_fn, budget, generations=args.generations,
+                                   seed=0, workers=args.workers, inputs=step.batch,
+                                   verify_rounds=args.verify_rounds)
+            row["plan_s"] = time.perf_counter() - start
+            row.update(predicted_peak_bytes=fast.plan.prediction.peak_bytes,
+                       predicted_step_s=fast.plan.prediction.step_time_s, spec=fast.spec.name,
+                       swaps=len(fast.plan.swaps), planner=fast.plan.planner,
+                       optimize_measured_peak_bytes=fast.measured_peak_bytes,
+                       optimize_measured_on=fast.measured_on, notes=list(fast.notes),
+                       report=fast.report())
+            row["measured_peak_bytes"], row["measured_how"] = peak(
+                fast, fast.graph_def, step.batch, fast.captured, device, method)
+            row["measured_step_s"] = step_time(fast, step.batch, fast.captured.variables,
+                                               **timing)
+            variables = fast.captured.variables
+            row["identical"], row["worst_relative_difference"] = same_training(
+                step.concrete_fn, fast, variables, step.batch)
+            row["identical_to_captured_graph"], _ = same_training(
+                unmodified, fast, variables, step.batch)
+        except Exception as err:   # one row's failure (BudgetError, OOM) is a result
+            row["error"] = f"{type(err).__name__}: {err}"[:2000]
+            row["traceback"] = traceback.format_exc()[-4000:]
+        print(ROW_MARK + json.dumps(row, default=str), flush=True)
+        del fast
+        gc.collect()
+
+
+# ---------------------------------------------------------------- the parent
+
+def _cell(row, column):
+    value = row.get(column)
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def write(rows, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(COLUMNS)
+        for row in rows:
+            writer.writerow([_cell(row, c) for c in COLUMNS])
+    with out.with_suffix(".jsonl").open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row, default=str) + "\n")
+
+
+def merge(paths, out: Path) -> None:
+    """Concatenate the rows (and the .jsonl details) of CSVs written by this script."""
+    rows = []
+    for path in map(Path, paths):
+        details = path.with_suffix(".jsonl")
+        if details.exists():
+            rows += [json.loads(line) for line in details.read_text().splitlines() if line]
+            continue
+        with path.open() as f:
+            rows += list(csv.DictReader(f))
+    write(rows, out)
+    print(f"wrote {out} ({len(rows)} rows)")
+
+
+def summary(row) -> str:
+    if row.get("error"):
+        return f"{row['model']} {row['fraction']}: {row['error'][:300]}"
+    over = row["measured_peak_bytes"] / row["budget_bytes"] - 1
+    model = row["predicted_peak_bytes"] / row["measured_peak_bytes"] - 1
+    return (f"{row['model']} b{row['batch']} {row['fraction']:.0%}: budget "
+            f"{row['budget_bytes'] / 2**20:.1f} MiB, predicted {row['predicted_peak_bytes'] / 2**20:.1f}, "
+            f"measured {row['measured_peak_bytes'] / 2**20:.1f} ({over:+.1%} of the budget; "
+            f"prediction {model:+.1%}), {row['measured_step_s'] * 1e3:.1f} ms vs unmodified "
+            f"{row['unmodified_step_s'] * 1e3:.1f} ms (predicted "
+            f"{row['predicted_step_s'] * 1e3:.1f}), identical {row['identical']}, "
+            f"plan {row['plan_s']:.1f} s")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    out = Path(args.out)
+    if args.merge:
+        return merge(args.merge, out)
+    if args.child:
+        return run_model(args.child, args)
+    env = dict(os.environ)
+    env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    passed = [a for a in (argv if argv is not None else sys.argv[1:])]
+    rows = []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = out.with_suffix(".log")
+    log.write_text("")
+    for name in args.models:
+        started = time.perf_counter()
+        cmd = [sys.executable, str(Path(__file__).resolve()), *passed, "--child", name]
+        with log.open("a") as err:
+            err.write(f"==== {name}: {' '.join(cmd)}\n")
+            err.flush()
+            try:
+                done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                      env=env, cwd=str(ROOT), timeout=args.timeout_s)
+                stdout, failure = done.stdout, (f"exit status {done.returncode}"
+                                                if done.returncode else None)
+            except subprocess.TimeoutExpired as timeout:
+                stdout = timeout.stdout.decode() if isinstance(timeout.stdout, bytes) else \
+                    (timeout.stdout or "")
+                failure = f"timed out after {args.timeout_s} s"
+        mine = []
+        for line in stdout.splitlines():
+            if line.startswith(ROW_MARK):
+                mine.append(json.loads(line[len(ROW_MARK):]))
+            else:
+                print(line, flush=True)
+        if failure and not mine:
+            mine.append(dict(model=name, error=f"the model's subprocess failed: {failure} "
+                                                f"(see {log.name})"))
+        elif failure:
+            mine[-1].setdefault("error", f"the model's subprocess then failed: {failure}")
+        rows += mine
+        for row in mine:
+            print(summary(row), flush=True)
+        print(f"{name}: {time.perf_counter() - started:.0f} s", flush=True)
+        write(rows, out)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

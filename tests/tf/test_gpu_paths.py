@@ -1,0 +1,177 @@
+"""The GPU paths' CPU-side parts (issue #19): which figures a GPU gets, how a
+device's peak is measured, the allocator measurement and the link chains.
+
+What needs a GPU itself (the GPU's name from TensorFlow, the CUDA driver's
+memory size, BFC's peak) is not run here; these tests run the same code on
+the emulated device where it is device-agnostic, and the choices around it.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfswap import pipeline, zoo
+from tfswap.core.devices import DeviceSpec, device_spec
+from tfswap.tf import emulate, gpu, link, measure
+
+
+@pytest.mark.parametrize("device, index", [("/device:GPU:0", 0), ("GPU:1", 1),
+                                           ("/job:localhost/replica:0/task:0/device:GPU:3", 3)])
+def test_a_gpu_device_name_gives_its_index(device, index):
+    assert gpu.physical_index(device) == index
+
+
+def test_a_cpu_device_has_no_gpu_index():
+    with pytest.raises(ValueError, match="not a GPU device name"):
+        gpu.physical_index("/device:CPU:0")
+
+
+def test_a_named_gpu_gets_its_preset_not_the_v100s(monkeypatch):
+    monkeypatch.setattr(gpu, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    spec, note = pipeline.choose_spec(None, "/device:GPU:0")
+    assert spec == device_spec("h100-80g-pcie5")
+    assert "h100-80g-pcie5" in note and "NVIDIA H100 80GB HBM3" in note
+    # What optimize, load_plan and SwapCallback (device_spec=None) resolve to.
+    assert pipeline.spec_for(None, "/device:GPU:0") == device_spec("h100-80g-pcie5")
+
+
+def test_an_unknown_gpu_is_measured_and_the_note_says_so(monkeypatch):
+    measured = dataclasses.replace(device_spec("h100-80g-pcie5"), name="measured-nvidia-h200")
+    asked = []
+
+    def fake_measure(device, name):
+        asked.append((device, name))
+        return measured, "measured on this machine in 9.0 s"
+
+    monkeypatch.setattr(gpu, "device_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(gpu, "measured_spec", fake_measure)
+    spec, note = pipeline.choose_spec(None, "/device:GPU:0")
+    assert spec is measured and asked == [("/device:GPU:0", "NVIDIA H200")]
+    assert "no preset describes 'NVIDIA H200'" in note and "measured" in note
+
+
+def test_a_given_spec_and_the_emulated_device_need_no_detection(monkeypatch):
+    monkeypatch.setattr(gpu, "device_name", lambda device: pytest.fail("detected a GPU"))
+    assert pipeline.choose_spec("a100-40g-pcie4", "/device:GPU:0") == (
+        device_spec("a100-40g-pcie4"), None)
+    spec, note = pipeline.choose_spec(None, emulate.DEVICE)
+    assert spec.name == "cpu-emulated" and note is None
+
+
+@pytest.mark.parametrize("device, emulated, method", [
+    (emulate.DEVICE, True, measure.STEP_STATS),
+    ("/job:localhost/replica:0/task:0/device:CPU:0", True, measure.STEP_STATS),
+    ("/device:GPU:0", False, measure.ALLOCATOR),
+    ("/device:GPU:1", True, measure.ALLOCATOR),
+    (emulate.HOST, True, None),          # the emulated host is not the device
+    (emulate.DEVICE, False, None),       # a plain CPU: its allocator holds the host's too
+])
+def test_how_a_device_peak_is_measured(device, emulated, method):
+    assert measure.peak_method(device, emulated) == method
+
+
+def test_the_allocator_measurement_runs_the_step_and_restores_its_variables():
+    # The GPU path's code on the emulated device's CPU allocator (which also
+    # counts the host's tensors, so only its bookkeeping is checked here; it
+    # leaves out small buffers, so the activations are a few MB).
+    step = zoo.cnn(batch=32, image=32, channels=8, blocks=2)
+    from tfswap.tf import capture
+
+    captured = capture.capture(step.concrete_fn)
+    before = [v.numpy() for v in captured.variables]
+    m = measure.allocator_peak(step.concrete_fn, step.batch, captured, emulate.DEVICE,
+                               runs=2, warmup=1)
+    assert len(m.run_peaks) == 2 and m.transient_peak_bytes == max(m.run_peaks) > 0
+    assert m.variable_bytes == measure.device_variable_bytes(captured) > 0
+    assert m.peak_bytes == m.transient_peak_bytes + m.variable_bytes
+    assert "CPU:0" in m.describe() and "allocator" in m.describe()
+    for v, value in zip(captured.variables, before):
+        assert np.array_equal(v.numpy(), value), f"{v.name} was not restored"
+
+
+def test_verify_reports_what_it_measured_and_where(monkeypatch):
+    step = zoo.cnn(batch=8, image=8, channels=4, blocks=3)
+    options = pipeline.Options.of(1.0, generations=2, seed=0, workers=1, inputs=step.batch)
+    prepared = pipeline.prepare(step.concrete_fn, options)
+    prepared = pipeline.with_budget(prepared, int(0.7 * prepared.profile.peak_bytes))
+    made = pipeline.materialize(pipeline.plan(prepared, pipeline.first_attempt(prepared),
+                                              planner="tfswap.order"))
+    stats = pipeline.verify(made)
+    assert stats.measured_peak_bytes > 0 and "step stats of the emulated device" in \
+        stats.measured_on
+    # The GPU path, taken on the emulated device's allocator.
+    monkeypatch.setattr(measure, "peak_method", lambda device, emulated: measure.ALLOCATOR)
+    assert prepared.verifiable
+    by_allocator = pipeline.verify(made)
+    assert by_allocator.measured_peak_bytes > 0
+    assert "allocator's peak on /device:CPU:0" in by_allocator.measured_on
+    monkeypatch.setattr(measure, "peak_method", lambda device, emulated: None)
+    assert not prepared.verifiable and pipeline.verify(made).measured_peak_bytes is None
+
+
+def test_the_report_says_where_the_peak_was_measured():
+    import tfswap
+
+    step = zoo.cnn(batch=8, image=8, channels=4, blocks=3)
+    fast = tfswap.optimize(step.concrete_fn, 1.0, generations=1, workers=1, inputs=step.batch)
+    assert fast.measured_on is None      # it fits: nothing to verify
+    captured_peak = fast.profile.peak_bytes
+    fast = tfswap.optimize(step.concrete_fn, int(0.7 * captured_peak), generations=2, workers=1,
+                           inputs=step.batch)
+    text = fast.report()
+    assert fast.measured_peak_bytes is not None
+    assert "measured peak: the step stats of the emulated device /device:CPU:0" in text
+    assert any(n.startswith("verified on /device:CPU:0") for n in fast.notes)
+    unverified = tfswap.optimize(step.concrete_fn, int(0.7 * captured_peak), generations=2,
+                                 workers=1, inputs=step.batch, verify_rounds=0)
+    assert unverified.measured_peak_bytes is None
+    assert any("not verified: verify_rounds=0" in n for n in unverified.notes)
+
+
+@pytest.mark.parametrize("direction", link.DIRECTIONS)
+def test_a_longer_chain_of_copies_takes_longer_at_the_emulated_rate(direction):
+    rate = 2e9   # the emulated link: each copy completes at nbytes / rate
+    s = link.sample(direction, 1 << 20, emulate.DEVICE, emulate.HOST, short=1, long=5,
+                    repeats=3, link_bytes_per_s=rate)
+    # Each copy takes at least its bytes at the link's rate (the chain is serial).
+    assert s.per_copy_s >= 0.9 * (1 << 20) / rate
+    assert s.nbytes == 1 << 20 and s.bytes_per_s > 0
+
+
+def test_the_link_line_fit_recovers_latency_and_rate():
+    rate, latency = 10e9, 20e-6
+    samples = [link.LinkSample("h2d", n, 2, 10, latency + n / rate, 0.0)
+               for n in (64 << 10, 1 << 20, 16 << 20)]
+    got_latency, got_rate = link.fit(samples)
+    assert got_latency == pytest.approx(latency, rel=1e-6)
+    assert got_rate == pytest.approx(rate, rel=1e-6)
+    with pytest.raises(ValueError, match="two sizes"):
+        link.fit(samples[:1])
+
+
+def test_the_compute_figures_are_measured_rates():
+    # Device-agnostic code that measures an unknown GPU, run small on the CPU.
+    assert gpu.matmul_flops(emulate.DEVICE, n=128) > 0
+    assert gpu.memory_bandwidth(emulate.DEVICE, nbytes=1 << 20) > 0
+
+
+def test_measured_figures_are_read_back_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    spec = dataclasses.replace(device_spec("a100-40g-pcie4"), name="measured-some-gpu")
+    (tmp_path / "tfswap").mkdir()
+    (tmp_path / "tfswap" / "gpu-some-gpu.json").write_text(spec.to_json())
+    got, how = gpu.measured_spec("/device:GPU:0", "Some GPU")
+    assert got == spec and isinstance(got, DeviceSpec) and "cached" in how
+    assert "gpu-some-gpu.json" in gpu.cached_specs()
+
+
+def test_duplex_uses_both_directions_at_once():
+    rate = 1e9   # 4 ms a copy: far more than the memcpy behind it
+    one_way = link.sample("d2h", 4 << 20, emulate.DEVICE, emulate.HOST, short=1, long=3,
+                          repeats=2, link_bytes_per_s=rate)
+    both = link.sample("duplex", 4 << 20, emulate.DEVICE, emulate.HOST, short=1, long=3,
+                       repeats=2, link_bytes_per_s=rate)
+    assert both.per_copy_s < 1.5 * one_way.per_copy_s   # not one chain after the other
+    assert both.bytes_per_s > 1.3 * one_way.bytes_per_s
