@@ -142,3 +142,14 @@ def _root():
     from pathlib import Path
 
     return Path(__file__).resolve().parents[1]
+
+
+def test_summary_of_a_shared_pool_search_says_its_generations_span_pool_sizes(searched):
+    graph, budget, _ = searched
+    result = ga.plan(graph, budget, SPEC, config=ga.SearchConfig(
+        time_budget_s=None, max_generations=4, workers=1, pool_layout="shared"))
+    text = report.summary(result.plan, search=result, graph=graph)
+    # This graph's arena needs several pool sizes (5, seeded): each ran 4 generations.
+    assert result.pool_rounds > 1 and result.generations == 4 * result.pool_rounds
+    assert (f"search: {result.generations} generations, {result.evaluations} simulations over "
+            f"{result.pool_rounds} pool sizes (the table: the chosen one's)") in text

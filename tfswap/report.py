@@ -127,8 +127,10 @@ def summary(plan: Plan, *, search=None, graph: DataflowGraph | None = None,
 
 
 def _search_lines(search) -> list[str]:
-    lines = [f"  search: {search.generations} generations, {search.evaluations} simulations, "
-             f"stopped on {search.stopped_because}; heuristic plan "
+    rounds = getattr(search, "pool_rounds", 1)
+    over = f" over {rounds} pool sizes (the table: the chosen one's)" if rounds > 1 else ""
+    lines = [f"  search: {search.generations} generations, {search.evaluations} simulations"
+             f"{over}, stopped on {search.stopped_because}; heuristic plan "
              f"{_ms(search.heuristic_time_s)}"]
     history = list(search.history)
     if not history:

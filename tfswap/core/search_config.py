@@ -155,3 +155,6 @@ class SearchResult:
     config: SearchConfig
     # Best candidates skipped because the reference simulator rejected their plan.
     plans_rejected: int = 0
+    # Pool sizes searched (the shared layout repeats the search; ``generations`` and
+    # ``evaluations`` count them all, ``history`` is the chosen pool size's search).
+    pool_rounds: int = 1

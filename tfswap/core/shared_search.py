@@ -46,9 +46,10 @@ def search_shared(search, graph, budget_bytes, spec, config, cg, **options) -> S
                    else config.time_budget_s / rounds)
     lo, hi, f = 1.0, math.inf, 1.0
     best = None
-    generations = evaluations = 0
+    generations = evaluations = searched = 0
     heuristic = None
     for _ in range(rounds):
+        searched += 1
         try:
             res = search(graph, int(budget_bytes * f), spec, each, cg, **options)
         except Infeasible:
@@ -94,12 +95,12 @@ def search_shared(search, graph, budget_bytes, spec, config, cg, **options) -> S
                          "raise the memory budget")
     if by_bytes is not None and (best is None or by_bytes.prediction.step_time_s
                                  < best[0].plan.prediction.step_time_s):
-        return _byte_result(by_bytes, cg, spec, config, generations, evaluations, heuristic,
-                            best[0] if best else None)
+        return replace(_byte_result(by_bytes, cg, spec, config, generations, evaluations,
+                                    heuristic, best[0] if best else None), pool_rounds=searched)
     res, shared = best
     planned = replace(res.plan, allocation=shared, budget_bytes=int(budget_bytes))
     return replace(res, plan=planned, generations=generations, evaluations=evaluations,
-                   heuristic_time_s=heuristic, config=config)
+                   heuristic_time_s=heuristic, config=config, pool_rounds=searched)
 
 
 def _byte_result(plan: Plan, cg, spec, config, generations, evaluations, heuristic,
