@@ -30,6 +30,7 @@ import hashlib
 from collections.abc import Iterable
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
 from tensorflow.python.grappler import tf_optimizer
 
@@ -103,15 +104,99 @@ def optimize(graph_def, fetches: Iterable[str], keep_ops: Iterable[str],
     for node in placed.node:
         if not node.device:
             node.device = device
+    stood_in = _stand_in_for_arguments(placed)
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(placed)
     # Grappler preserves what the "train_op" collection names (its fetch set).
     targets = meta.collection_def["train_op"].node_list.value
     targets.extend(list(fetches) + list(keep_ops))
     optimized = tf_optimizer.OptimizeGraph(rewriter_config(placed), meta)
+    _restore_arguments(optimized, stood_in)
     _drop_control_edges_from_placeholders(optimized)
     _rename_changed_functions(optimized, graph_def.library)
     return optimized
+
+
+STAND_IN_SUFFIX = "/tfswap_argument_handle"
+
+
+def _stand_in_for_arguments(graph_def) -> dict:
+    """Replace the argument and variable placeholders by ops Grappler infers
+    shapes through; returns what :func:`_restore_arguments` needs.
+
+    Grappler's item builder treats every Placeholder as a feed, and its shape
+    inference does not trust a feed's shape.  In the function runtime the same
+    tensors are ``_Arg`` nodes with known shapes (and, for a variable, the
+    shape of the value behind the handle), so shape-dependent rewrites fire
+    there that would not fire here: the arithmetic optimiser grouped a
+    LayerNorm's additions into an AddN and removed gradient reshapes in a
+    BERT-style step's function only, whose weights then differed in the last
+    bits after three Adam steps.  So for Grappler an argument is a
+    ``ReadVariableOp`` of a ``VarHandleOp`` of its dtype and shape, and a
+    variable's handle a ``VarHandleOp`` of the variable's: stateful ops that
+    no pass folds, whose shapes inference knows.
+    """
+    saved = {}
+    for node in list(graph_def.node):
+        if node.op != "Placeholder":
+            continue
+        dtype = node.attr["dtype"].type
+        if dtype == tf.resource.as_datatype_enum:
+            if "_handle_shapes" not in node.attr or len(node.attr["_handle_dtypes"].list.type) != 1:
+                continue   # a resource that is not one variable: left a feed
+            saved[node.name] = _attrs(node)
+            _var_handle(node, node.attr["_handle_dtypes"].list.type[0],
+                        node.attr["_handle_shapes"].list.shape[0])
+        elif dtype != tf.variant.as_datatype_enum:
+            saved[node.name] = _attrs(node)
+            shape = saved[node.name]["shape"].shape
+            handle = graph_def.node.add(name=node.name + STAND_IN_SUFFIX, device=node.device)
+            _var_handle(handle, dtype, shape)
+            node.op = "ReadVariableOp"
+            node.ClearField("attr")
+            node.attr["dtype"].type = dtype
+            node.attr["_output_shapes"].list.shape.add().CopyFrom(shape)
+            node.input.append(handle.name)
+    return saved
+
+
+def _attrs(node) -> dict:
+    copies = {}
+    for key, value in node.attr.items():
+        copies[key] = attr_value_pb2.AttrValue()
+        copies[key].CopyFrom(value)
+    return copies
+
+
+def _var_handle(node, dtype, shape) -> None:
+    shape = tensor_shape_pb2.TensorShapeProto.FromString(shape.SerializeToString())
+    node.op = "VarHandleOp"
+    node.ClearField("attr")
+    node.attr["dtype"].type = dtype
+    node.attr["shape"].shape.CopyFrom(shape)
+    node.attr["shared_name"].s = node.name.encode()
+    node.attr["container"].s = b""
+
+
+def _restore_arguments(graph_def, saved: dict) -> None:
+    """Put back the placeholders :func:`_stand_in_for_arguments` replaced."""
+    handles = {name + STAND_IN_SUFFIX for name in saved}
+    kept = []
+    for node in graph_def.node:
+        if node.name in handles:
+            continue
+        if node.name in saved:
+            node.op = "Placeholder"
+            node.ClearField("attr")
+            for key, value in saved[node.name].items():
+                node.attr[key].CopyFrom(value)
+            del node.input[:]
+        elif any(i.lstrip("^").partition(":")[0] in handles for i in node.input):
+            raise RuntimeError(f"Grappler made {node.name!r} read the stand-in of an argument "
+                               "directly; tfswap cannot restore the argument")  # pragma: no cover
+        kept.append(node)
+    del graph_def.node[:]
+    graph_def.node.extend(kept)
 
 
 def _rename_changed_functions(graph_def, original_library) -> None:
