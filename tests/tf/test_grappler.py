@@ -46,3 +46,22 @@ def test_captured_while_step_trains_like_the_users_function(loop_step):
     ref, got = assert_same_training(step.concrete_fn, fn, captured.variables, step.batch,
                                     exact=True)
     print(f"\nlstm_loop: losses original {ref} captured {got}")
+
+
+def test_shape_dependent_rewrites_fire_as_in_the_users_function():
+    """Grappler knows the arguments' and variables' shapes at capture, as the
+    function runtime does: a BERT-style step's LayerNorm additions become an
+    AddN there, and the captured step trains bit-identically to the function
+    (before, 132 of its 137 variables differed in the last bits after 3 steps)."""
+    reference, step = zoo.bert(), zoo.bert()
+    captured = capture.capture(step.concrete_fn)
+    assert any("AddOpsRewrite" in n.name for n in captured.graph_def.node)
+    assert not any(n.name.endswith(grappler.STAND_IN_SUFFIX) or n.op == "VarHandleOp"
+                   for n in captured.graph_def.node)
+    bound = runtime.bind(captured, captured.graph_def)
+    for _ in range(3):
+        assert float(bound(*step.batch)["loss"]) == \
+            float(reference.concrete_fn(*reference.batch)["loss"])
+    for a, b in zip(list(reference.model.weights) + list(reference.optimizer.variables),
+                    list(step.model.weights) + list(step.optimizer.variables)):
+        assert (a.numpy() == b.numpy()).all(), a.path
