@@ -216,8 +216,9 @@ def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2) ->
         captured = capture.capture(step.concrete_fn)
         peak = measure.measure(captured, captured.graph_def, step.batch, runs=1,
                                inter_op_threads=1).peak_bytes
+        # Device-homed: the check runs the captured graph on the same variables.
         kwargs = dict(generations=generations, seed=seed, workers=1, inputs=step.batch,
-                      profile="trace")
+                      profile="trace", parameters="device")
         try:
             tfswap.optimize(step.concrete_fn, max(1, peak // 8), **kwargs)
             return Outcome(seed, "fits", f"fits in 1/8 of its peak {peak} B")

@@ -21,6 +21,7 @@ from typing import Any
 
 from tfswap import pipeline
 from tfswap.core import search as ga
+from tfswap.core.budget import BudgetError
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.infeasible import Infeasible
@@ -57,6 +58,20 @@ class OptimizedFunction:
     notes: tuple[str, ...] = ()
     measured_peak_bytes: int | None = None   # when optimize verified the plan by running it
     measured_on: str | None = None   # what measured_peak_bytes is: the device and the method
+    relocation: Any = None   # the user's variables this call moved to host memory, if any
+
+    def restore_parameters(self) -> None:
+        """Put the variables this call moved to host memory back on the device (values
+        kept); this function must not be called afterwards.
+
+        Example::
+
+            fast = tfswap.optimize(cf, "2GiB")     # may move parameters to the host
+            ...
+            fast.restore_parameters()              # cf runs as before, on the device
+        """
+        if self.relocation is not None:
+            self.relocation.undo()
 
     def __call__(self, *args, **kwargs):
         return self.bound(*args, **kwargs)
@@ -104,7 +119,7 @@ class OptimizedFunction:
         """The plan simulated on this step's graph: :class:`tfswap.report.Timeline`."""
         from tfswap import report
 
-        return report.simulate_timeline(pipeline.pin_parameters(self.graph, self.lowered.resident),
+        return report.simulate_timeline(pipeline.planning_graph(self.lowered, self.spec),
                                         self.plan, self.spec, keep=self.keep)
 
     def to_chrome_trace(self, path: str | Path) -> Path:
@@ -139,7 +154,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
              executor=None, mode: str = "joint", inputs=None, safety_margin: float = 0.05,
              small_tensor_bytes: int | None = None, verify_rounds: int = 3,
              pool_layout: str = "shared", byte_planner: bool = False,
-             progress: bool = False) -> OptimizedFunction:
+             progress: bool = False, parameters: str = "auto") -> OptimizedFunction:
     """Plan swaps for ``concrete_fn`` so it runs within ``memory_budget`` of device memory.
 
     ``memory_budget``: bytes, a string such as "12GiB", or a fraction of the
@@ -147,7 +162,9 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     ``generations`` bounds each search instead (same seed, same plan on any
     machine).  ``workers``: threads scoring candidates (no process is started,
     so a script without a main guard is safe); ``executor``: any
-    ``concurrent.futures.Executor`` (a process pool, Dask's).  Every argument
+    ``concurrent.futures.Executor`` (a process pool, Dask's).  ``parameters``:
+    "auto" (default), "device" or "host", where the variables live between
+    steps; moved variables stay the user's objects.  Every argument
     is described, with its unit and default, in :class:`tfswap.pipeline.Options`;
     the stages are :mod:`tfswap.pipeline`'s.  Returns an
     :class:`OptimizedFunction`; a step that already fits gets no swaps.
@@ -163,8 +180,31 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
         search_time_s=search_time, generations=generations, seed=seed, workers=workers,
         executor=executor, mode=mode, inputs=inputs, safety_margin=safety_margin,
         small_tensor_bytes=small_tensor_bytes, verify_rounds=verify_rounds,
-        pool_layout=pool_layout, byte_planner=byte_planner, progress=progress)
+        pool_layout=pool_layout, byte_planner=byte_planner, progress=progress,
+        parameters=parameters)
     prepared = pipeline.prepare(concrete_fn, options)
+    if parameters == "host":
+        return _on_host(prepared)
+    try:
+        return _planned(prepared)
+    except BudgetError:
+        # "auto": no plan fits with the parameters on the device; try them on the host.
+        if parameters == "device" or not pipeline.movable_parameters(prepared):
+            raise
+        return _on_host(prepared)
+
+
+def _on_host(prepared: pipeline.Prepared) -> OptimizedFunction:
+    moved = pipeline.place_parameters(prepared)
+    try:
+        return _planned(moved)
+    except BaseException:
+        pipeline.restore_parameters(moved)   # no plan: the user's variables go back
+        raise
+
+
+def _planned(prepared: pipeline.Prepared) -> OptimizedFunction:
+    """Plan, rewrite and verify until a plan measures within the budget."""
     attempt = pipeline.first_attempt(prepared)
     while True:
         try:
@@ -193,7 +233,8 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
         rewritten=made.rewritten, bound=made.bound, spec=prepared.spec,
         budget_bytes=prepared.budget_bytes, device=prepared.device, host=prepared.host,
         search=planned.search, profile=prepared.profile, notes=notes,
-        measured_peak_bytes=verified.measured_peak_bytes, measured_on=verified.measured_on)
+        measured_peak_bytes=verified.measured_peak_bytes, measured_on=verified.measured_on,
+        relocation=prepared.relocation)
 
 
 def _unverified_reason(prepared: pipeline.Prepared) -> str:
@@ -207,6 +248,8 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
               ) -> OptimizedFunction:
     """Apply a plan saved with ``plan.save(path)`` to ``concrete_fn`` without searching.
 
+    Variables the plan ran with in host memory (``plan.host_variables``) that
+    are on the device are moved there again (:mod:`tfswap.tf.homes`).
     Raises :class:`PlanMismatchError` if the plan was made for another graph
     (a different model, batch shape or TensorFlow version).
     """
@@ -225,13 +268,28 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
             f"the plan in {path} was made for another graph (fingerprint "
             f"{plan.graph_fingerprint}, this function's is {found}): a different model, batch "
             "shape or TensorFlow version. Re-plan with tfswap.optimize and save again.")
-    lowered = ir.lower(captured, None)
-    spec = pipeline.spec_for(device_spec, device)
-    rewritten = rewrite.rewrite(captured, plan, device, host)
+    relocation = None
+    to_move = [c for c in captured.captures if c.variable is not None and not c.host_homed
+               and c.name in set(plan.host_variables)]
+    if to_move:   # the plan ran with these in host memory: put them there again
+        from tfswap.tf import homes
+
+        relocation = homes.move_to_host([c.variable for c in to_move], host)
+        captured = homes.rehomed(captured, relocation)
+    try:
+        lowered = ir.lower(captured, None)
+        spec = pipeline.spec_for(device_spec, device)
+        rewritten = rewrite.rewrite(captured, plan, device, host)
+        bound = runtime.bind(captured, rewritten.graph_def)
+    except BaseException:
+        if relocation is not None:
+            relocation.undo()
+        raise
+    notes = (f"plan loaded from {path}",) + ((relocation.describe(),) if relocation else ())
     return OptimizedFunction(plan=plan, captured=captured, lowered=lowered, rewritten=rewritten,
-                             bound=runtime.bind(captured, rewritten.graph_def), spec=spec,
+                             bound=bound, spec=spec,
                              budget_bytes=plan.budget_bytes or spec.memory_bytes, device=device,
-                             host=host, notes=(f"plan loaded from {path}",))
+                             host=host, notes=notes, relocation=relocation)
 
 
 __all__ = ["NoDeviceError", "OptimizedFunction", "PlanMismatchError", "load_plan", "optimize"]

@@ -39,6 +39,7 @@ import tensorflow as tf
 from tensorflow.python.util import nest
 
 import tfswap
+from tfswap import pipeline
 from tfswap.core.budget import parse_budget
 
 KINDS = ("train", "test", "predict")
@@ -155,7 +156,11 @@ class SwapCallback(keras.callbacks.Callback):
     ``memory_budget``: device bytes (int), a string such as "12GiB", or a
     fraction of the device's memory.  ``device_spec``, ``search_time``,
     ``generations``, ``seed``, ``workers``, ``safety_margin``, ``device``,
-    ``host``: passed to :func:`tfswap.optimize` for every plan.
+    ``host``, ``parameters``: passed to :func:`tfswap.optimize` for every plan.
+    Where a plan moves the model's variables to host memory (``parameters``
+    "auto" or "host"), they stay the model's: ``get_weights``, ``save`` and
+    checkpoints see every update, and Keras's own step functions are traced
+    again on the moved variables.
     ``plan_path``: a directory; each plan is saved there under a name made
     of the step kind and the batch signature, and loaded from there next
     time if it was made for the same graph and budget (else re-planned and
@@ -193,7 +198,7 @@ class SwapCallback(keras.callbacks.Callback):
                  plan_path=None, verbose: int = 1, *, generations: int | None = None,
                  seed: int = 0, workers: int | None = None, safety_margin: float = 0.05,
                  device: str | None = None, host: str | None = None,
-                 new_shapes: str = "plan", inference: bool = True):
+                 new_shapes: str = "plan", inference: bool = True, parameters: str = "auto"):
         super().__init__()
         _require_tensorflow_backend()
         if isinstance(memory_budget, bool) or memory_budget is None:
@@ -203,6 +208,9 @@ class SwapCallback(keras.callbacks.Callback):
             raise ValueError(f"search_time must be > 0 seconds, got {search_time!r}")
         if generations is not None and (not isinstance(generations, int) or generations < 1):
             raise ValueError(f"generations must be an int >= 1 or None, got {generations!r}")
+        if parameters not in pipeline.PARAMETERS:
+            raise ValueError(f"parameters must be one of {pipeline.PARAMETERS} (where the "
+                             f"model's variables live between steps), got {parameters!r}")
         if new_shapes not in NEW_SHAPES:
             raise ValueError(f"new_shapes must be one of {NEW_SHAPES}, got {new_shapes!r}")
         if isinstance(verbose, bool) or not isinstance(verbose, int) or verbose < 0:
@@ -219,7 +227,8 @@ class SwapCallback(keras.callbacks.Callback):
         self.inference = inference
         self._options = dict(device_spec=device_spec, search_time=float(search_time),
                              generations=generations, seed=seed, workers=workers,
-                             safety_margin=safety_margin, device=device, host=host)
+                             safety_margin=safety_margin, device=device, host=host,
+                             parameters=parameters)
         self.functions: dict = {}
         self._saved: dict = {}
         self._warned: set = set()
@@ -383,11 +392,27 @@ class SwapCallback(keras.callbacks.Callback):
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fast.plan.save(path)
+        if fast.relocation is not None:
+            self._after_move()
         if self.verbose >= 1:
             print(f"tfswap: {kind} step for batches shaped {_shapes(key[1])}"
                   + (f" (plan file {path})" if path is not None else ""))
             print(fast.report())
         return fast
+
+    def _after_move(self) -> None:
+        """The model's variables moved to host memory: every function traced before
+        holds their old, emptied handles.  Keras's are traced again, and the
+        other planned steps are planned again when next used."""
+        model = self.model
+        for kind in ("train", "test", "predict"):
+            ours = getattr(model, f"{kind}_function") if kind in self._saved else None
+            setattr(model, f"{kind}_function", None)
+            if kind in self._saved:   # Keras's function, traced on the moved variables
+                getattr(model, f"make_{kind}_function")(force=True)
+                self._saved[kind] = getattr(model, f"{kind}_function")
+                setattr(model, f"{kind}_function", ours)
+        self.functions = {key: fast for key, fast in self.functions.items() if fast is None}
 
     def _load(self, path: Path, cf):
         options = {k: self._options[k] for k in ("device", "host", "device_spec")}

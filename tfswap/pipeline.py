@@ -3,12 +3,15 @@
 ::
 
     prepare(concrete_fn, options)   -> Prepared     capture, profile, lower to a Problem
+    place_parameters(prepared)      -> Prepared     variables moved to host memory
     plan(prepared, attempt)         -> Planned      a planner from tfswap.core.planners
     materialize(planned)            -> Materialized rewrite with swap ops, bind variables
     verify(materialized)            -> Verified     the device peak, measured
     refine(verified)                -> Attempt      the next attempt, by a named remedy
 
-``optimize`` runs them in that order; ``refine`` sends it back to ``plan``
+``optimize`` runs them in that order (``place_parameters`` first with
+``parameters="host"``, and with "auto" only once no plan fits with the
+parameters on the device); ``refine`` sends it back to ``plan``
 with a changed :class:`Attempt` (a smaller small-tensor threshold, the
 disjoint pool, less room) until a plan measures within the budget, the
 remedies run out (:class:`~tfswap.core.budget.BudgetError`) or the deadline
@@ -47,7 +50,9 @@ PROFILES = ("auto", "trace", "isolated", "analytic")
 SMALLEST_SMALL_BYTES = 4 << 10   # the default small-tensor threshold's floor
 # Sessions the rewritten step is measured in (3 runs each) before it is accepted.
 VERIFY_SESSIONS = 2
+MINIMUM_SEARCH_DOUBLINGS = 6   # how far above the unconstrained peak a smallest budget is sought
 NO_SWAP = "tfswap.no-swap"   # the planner name of a step that fits as it is
+PARAMETERS = ("auto", "device", "host")   # where variables live between steps
 
 
 class NoDeviceError(RuntimeError):
@@ -102,6 +107,14 @@ class Options:
     runs of the rewritten step), the rewritten step is measured and, if it
     needs more than the budget, planned again with the excess taken off, up to
     this many times (0: trust the model).
+    ``parameters``: where the step's variables live between steps (one of
+    :data:`PARAMETERS`; :mod:`tfswap.tf.homes`): "device" keeps them where
+    the user created them; "host" moves every one to host memory, and the plan
+    fetches each value read before its use; "auto" keeps them on the device
+    when the step can be planned within the budget that way, else moves the
+    variables of at least the small-tensor threshold.  Moved variables stay
+    the user's objects (``get_weights``, checkpoints and ``save`` see every
+    update); they are put back if planning fails.
     """
 
     memory_budget: Any
@@ -122,6 +135,7 @@ class Options:
     pool_layout: str = "shared"
     byte_planner: bool = False
     progress: bool = False
+    parameters: str = "auto"
 
     @classmethod
     def of(cls, memory_budget, **kwargs) -> "Options":
@@ -132,6 +146,9 @@ class Options:
     def check(self) -> None:
         if self.profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
+        if self.parameters not in PARAMETERS:
+            raise ValueError(f"parameters must be one of {PARAMETERS} (where the step's "
+                             f"variables live between steps), got {self.parameters!r}")
         if self.pool_layout not in search.POOL_LAYOUTS:
             raise ValueError(f"pool_layout must be one of {search.POOL_LAYOUTS}, got "
                              f"{self.pool_layout!r}")
@@ -183,6 +200,7 @@ class Prepared:
     feed: list
     deadline: float | None    # time.monotonic() by which the whole call ends
     notes: tuple[str, ...]
+    relocation: Any = None    # the variables place_parameters moved to the host, if any
 
     @property
     def measured_over(self) -> bool:
@@ -274,6 +292,47 @@ def prepare(concrete_fn, options: Options) -> Prepared:
                     notes + (f"profile: {prof.source}, {time.monotonic() - started:.1f} s",))
 
 
+def place_parameters(prepared: Prepared) -> Prepared:
+    """The step with variables moved to host memory as ``options.parameters`` says:
+    "host" every variable, "auto" those of at least the small-tensor threshold
+    (:mod:`tfswap.tf.homes`); "device" none.  The step is lowered again on the
+    same profile: the ops are the same, only the moved variables' reads and
+    updates run on the host.  :func:`tfswap.optimize` calls it first for
+    "host", and for "auto" after no plan fitted with the parameters on the
+    device.  Undo with :func:`restore_parameters` if planning fails.
+    """
+    mode = prepared.options.parameters
+    picked = movable_parameters(prepared)
+    if mode == "device" or not picked:
+        return prepared
+    from tfswap.tf import homes
+
+    relocation = homes.move_to_host([c.variable for c in picked], prepared.host)
+    try:
+        captured = homes.rehomed(prepared.captured, relocation)
+        step = lower(captured, prepared.profile, prepared.spec, prepared.step.small)
+    except BaseException:
+        relocation.undo()
+        raise
+    return dataclasses.replace(prepared, captured=captured, step=step, relocation=relocation,
+                               notes=prepared.notes + (relocation.describe(),))
+
+
+def movable_parameters(prepared: Prepared) -> tuple:
+    """The captured device variables :func:`place_parameters` would move."""
+    from tfswap.tf import homes
+
+    if prepared.options.parameters == "device":
+        return ()
+    return homes.chosen(prepared.captured, prepared.options.parameters, prepared.step.small)
+
+
+def restore_parameters(prepared: Prepared) -> None:
+    """Put back on the device what :func:`place_parameters` moved (values kept)."""
+    if prepared.relocation is not None:
+        prepared.relocation.undo()
+
+
 def with_budget(prepared: Prepared, memory_budget) -> Prepared:
     """The same prepared step at another budget (a study of several budgets profiles
     the step once)."""
@@ -306,12 +365,38 @@ def lower(captured, prof, spec: DeviceSpec, small: int) -> Lowered:
     from tfswap.tf import ir
 
     lowered = ir.lower(captured, prof, small_bytes=small)
-    problem = Problem.of(pin_parameters(lowered.graph, lowered.resident),
+    problem = Problem.of(planning_graph(lowered, spec),
                          keep=tuple(lowered.fetches) + tuple(lowered.assigned),
                          schedule=lowered.schedule(), small_threshold_bytes=small,
                          params_start_on_host=True)
     unconstrained = planners.run("tfswap.order", problem, 1 << 62, spec).plan
     return Lowered(lowered, problem, unconstrained)
+
+
+def planning_graph(lowered, spec: DeviceSpec) -> DataflowGraph:
+    """The lowered step as the planners see it: device variables pinned
+    (:func:`pin_parameters`) and each update of a host-homed variable charged
+    the copy of what it reads from the device (:func:`price_writebacks`)."""
+    return price_writebacks(pin_parameters(lowered.graph, lowered.resident),
+                            lowered.writebacks, spec)
+
+
+def price_writebacks(graph: DataflowGraph, writebacks: dict, spec: DeviceSpec) -> DataflowGraph:
+    """Add to each update of a host-homed variable the device-to-host copy of the
+    values it reads (``writebacks``: op -> bytes).
+
+    The update runs on the host, in the schedule's control chain, after its
+    values' swap-outs (:mod:`tfswap.tf.rewrite`), so the next op waits for the
+    copy: charging it to the update is what runs when the copy has not
+    finished by then, and an upper bound when it has.
+    """
+    if not writebacks:
+        return graph
+    ops = [dataclasses.replace(op, outputs=(), time_s=op.time_s + spec.copy_time_s(
+        writebacks[op.name], "d2h")) if op.name in writebacks else
+        dataclasses.replace(op, outputs=()) for op in graph.ops]
+    return DataflowGraph.build(ops, [dataclasses.replace(t, producer=-1, consumers=())
+                                     for t in graph.tensors])
 
 
 def pin_parameters(graph: DataflowGraph, resident) -> DataflowGraph:
@@ -501,15 +586,16 @@ def _finish(found: Plan, prepared: Prepared, attempt: Attempt) -> Plan:
 
 def finish(found: Plan, captured, lowered, budget_bytes: int, outside_bytes: int) -> Plan:
     """A planner's plan as the rewrite takes it: swaps of the tensors TF holds, the
-    user's budget, the graph's fingerprint, and a peak that counts the device bytes
-    the planner does not see."""
+    user's budget, the graph's fingerprint, the variables in host memory, and a
+    peak that counts the device bytes the planner does not see."""
     from tfswap.tf import capture as capture_mod
     from tfswap.tf.tensor_swaps import tensor_swaps
 
     found = tensor_swaps(found, lowered.graph)
     return dataclasses.replace(found, budget_bytes=budget_bytes,
                                graph_fingerprint=capture_mod.fingerprint(captured),
-                               prediction=_with_outside(found.prediction, outside_bytes))
+                               prediction=_with_outside(found.prediction, outside_bytes),
+                               host_variables=captured.host_homed)
 
 
 def _with_outside(prediction: Prediction, outside: int) -> Prediction:
@@ -523,7 +609,17 @@ def minimum_budget(prepared: Prepared, attempt: Attempt) -> int:
     order accepts."""
     step = attempt.step
     high = step.unconstrained.prediction.peak_bytes
-    need, _ = planners.fit_to_budget("tfswap.order", step.problem, prepared.spec, high=high)
+    # The pool gives each size class the most objects one op uses at once, which
+    # can exceed the unconstrained peak (parameters far larger than activations).
+    for _ in range(MINIMUM_SEARCH_DOUBLINGS):
+        try:
+            need, _ = planners.fit_to_budget("tfswap.order", step.problem, prepared.spec,
+                                             high=high)
+            break
+        except Infeasible:
+            high *= 2
+    else:
+        need, _ = planners.fit_to_budget("tfswap.order", step.problem, prepared.spec, high=high)
     # 5% headroom: the default schedule is TF's traced order, which varies from
     # run to run, and the bisection is for this run's order only.
     return int(1.05 * (need + attempt.outside_bytes) / (1.0 - prepared.options.safety_margin)) + 1
@@ -647,8 +743,10 @@ def working_set_text(problem: Problem) -> str:
             f"bytes and small tensors up to {small_peak} bytes")
 
 
-__all__ = ["Attempt", "Lowered", "Materialized", "NoDeviceError", "Options", "Planned",
+__all__ = ["Attempt", "Lowered", "Materialized", "NoDeviceError", "Options", "PARAMETERS",
+           "Planned", "movable_parameters", "place_parameters", "restore_parameters",
            "Prepared", "Verified", "after_infeasible", "finish", "first_attempt", "lower", "lower_default",
            "materialize", "minimum_budget", "pin_parameters", "placement", "plan",
+           "planning_graph", "price_writebacks",
            "planner_budget", "prepare", "refine", "sample_inputs", "small_threshold",
            "choose_spec", "spec_for", "verify", "with_budget", "working_set_text"]

@@ -258,5 +258,26 @@ def lstm(batch: int = 8, steps: int = 16, features: int = 32, units: int = 64,
     return _train_step("lstm" if unroll else "lstm_loop", model, data, loss)
 
 
+@_homed
+def mlp(batch: int = 16, features: int = 256, hidden: int = 512, layers: int = 4,
+        classes: int = 10, seed: int = 0) -> TrainStep:
+    """``layers`` Dense+ReLU layers of width ``hidden``, then Dense, Adam: a step whose
+    parameters and optimizer state are most of its memory."""
+    import keras
+
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, got {layers}")
+    keras.utils.set_random_seed(seed)
+    L = keras.layers
+    stack = [keras.Input((features,))] + [L.Dense(hidden, activation="relu")
+                                          for _ in range(layers)]
+    model = keras.Sequential(stack + [L.Dense(classes)], name="mlp")
+    rng = np.random.default_rng(seed)
+    data = (rng.standard_normal((batch, features), dtype=np.float32),
+            rng.integers(0, classes, batch).astype(np.int32))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return _train_step("mlp", model, data, loss)
+
+
 MODELS = {"cnn": cnn, "inception": inception, "transformer": transformer,
-          "resnet50": resnet50, "bert": bert, "lstm": lstm}
+          "resnet50": resnet50, "bert": bert, "lstm": lstm, "mlp": mlp}

@@ -36,8 +36,9 @@ def optimize_with_swaps(step, fraction=0.6, generations=3, margin=1.3, safety_ma
     captured = capture.capture(step.concrete_fn)
     peak = measure.measure(captured, captured.graph_def, step.batch,
                            inter_op_threads=1).peak_bytes
+    # Device-homed: the comparison runs the captured graph on the same variables.
     kwargs = dict(generations=generations, seed=0, workers=1, inputs=step.batch,
-                  profile="trace")
+                  profile="trace", parameters="device")
     if safety_margin is not None:
         kwargs["safety_margin"] = safety_margin
     for _ in range(2):

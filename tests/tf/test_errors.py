@@ -61,7 +61,7 @@ def test_unknown_pool_layout_is_refused_before_any_work(mlp):
 def test_budget_below_the_working_set_names_the_op_its_bytes_and_the_minimum(mlp):
     cf, _ = mlp
     with pytest.raises(tfswap.BudgetError) as err:
-        tfswap.optimize(cf, "256KiB", generations=1, workers=1)
+        tfswap.optimize(cf, "256KiB", generations=1, workers=1, parameters="device")
     message = str(err.value)
     found = re.search(r"op '([^']+)' \((\w+)\) needs (\d+) bytes at once for its inputs, "
                       r"outputs and scratch", message)
@@ -78,7 +78,7 @@ def test_budget_below_the_working_set_names_the_op_its_bytes_and_the_minimum(mlp
 
 def _minimum_budget(cf) -> int:
     with pytest.raises(tfswap.BudgetError) as err:
-        tfswap.optimize(cf, "256KiB", generations=1, workers=1)
+        tfswap.optimize(cf, "256KiB", generations=1, workers=1, parameters="device")
     return int(re.search(r"smallest budget that can work is about (\d+) bytes",
                          str(err.value)).group(1))
 
@@ -86,7 +86,8 @@ def _minimum_budget(cf) -> int:
 def test_the_named_minimum_budget_is_enough_to_plan(mlp):
     cf, _ = mlp
     budget = _minimum_budget(cf)   # exactly the budget the error names
-    fast = tfswap.optimize(cf, budget, generations=2, workers=1, verify_rounds=0)
+    fast = tfswap.optimize(cf, budget, generations=2, workers=1, verify_rounds=0,
+                           parameters="device")
     assert fast.plan.prediction.peak_bytes <= budget
 
 

@@ -31,7 +31,11 @@ def test_optimize_at_random_feasible_budgets_is_exact_and_within_them():
         # has measured 819484, 1016096 and 1048856 B in different suite runs).
         # Nothing was planned, so nothing can be wrong; the count below still
         # needs 4 of the 5 seeds to plan within their budget.
-        assert outcome.status in ("passed", "refused", "infeasible"), (
+        # "fits": the drawn budget was just under this run's measured peak, and
+        # optimize's own trace saw the step fit it unmodified (seed 3 since capture
+        # lets Grappler see argument shapes: budget 4868197 B, peak 4925472 B);
+        # its results and measured peak were checked all the same.
+        assert outcome.status in ("passed", "refused", "infeasible", "fits"), (
             outcome.seed, outcome.status, outcome.detail)
         if outcome.status == "passed":
             assert outcome.swaps > 0

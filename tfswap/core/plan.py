@@ -29,6 +29,10 @@ consumer; version-1 and -2 files still load.
 Version 4 adds ``Allocation.object_offsets``: a shared pool layout, where
 objects that are never in use at the same time may share memory
 (:mod:`tfswap.core.layout`); older files still load (disjoint layout).
+Version 5 adds ``host_variables``: the captured variables (by placeholder
+name) that live in host memory when the plan runs, so that a saved plan
+puts the user's variables where it was planned for (``tfswap.load_plan``);
+older files have none listed.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PLAN_FORMAT_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+PLAN_FORMAT_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 # Pool objects start at multiples of this (tfswap/ops/pool_core.h kObjectAlignment).
 OBJECT_ALIGNMENT = 256
 SWAP_KINDS = ("round_trip", "prefetch", "writeback", "drop", "recompute")
@@ -230,9 +234,11 @@ class Plan:
     planner: str = "manual"
     allocation: Allocation | None = None
     resident_parameters: tuple[str, ...] = ()
+    host_variables: tuple[str, ...] = ()   # captured variables in host memory between steps
 
     def __post_init__(self):
         object.__setattr__(self, "schedule", tuple(self.schedule))
+        object.__setattr__(self, "host_variables", tuple(self.host_variables))
         object.__setattr__(self, "swaps", tuple(self.swaps))
         object.__setattr__(self, "resident_parameters", tuple(self.resident_parameters))
         seen = set()

@@ -47,7 +47,7 @@ from tfswap.core import kinds as kinds_mod
 from tfswap.core import liveness
 from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.profile import Profile
-from tfswap.tf.capture import CapturedFunction
+from tfswap.tf.capture import CapturedFunction, same_device
 from tfswap.tf.shapes import import_with_shapes
 
 _UNSWAPPABLE = (tf.resource, tf.variant, tf.string)
@@ -150,7 +150,10 @@ class LoweredGraph:
     host-homed variable's reads are parameters the plan swaps in).  ``updates``:
     ops updating a variable in place (AssignAdd/Sub, ResourceApply*) -> a
     tensor holding that variable's value.  ``assigned``: tensors that an
-    AssignVariableOp makes a variable's new value (held to the step's end).
+    AssignVariableOp makes a device variable's new value (held to the step's
+    end).  ``writebacks``: updates of host-homed variables (they run on the
+    host) -> bytes of the device values they read, which the rewrite copies
+    to the host through swap-outs.
     ``variable_bytes``: bytes of the captured variables homed on the device.  ``unprofiled``: IR
     ops the profile had no figures for, so time 0: the feeds, nodes TF folded
     to constants before running, and nodes its oneDNN rewrite merged into a
@@ -168,6 +171,7 @@ class LoweredGraph:
     profile: Profile | None = None
     updates: dict = field(default_factory=dict)   # in-place variable update -> its variable's value
     assigned: tuple[str, ...] = ()                 # tensors AssignVariableOp makes a variable
+    writebacks: dict = field(default_factory=dict)  # host variable's update -> bytes it reads
 
     @property
     def folded(self) -> dict:
@@ -514,12 +518,22 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
     for value, handle in reads.items():
         if handle in on_device:
             first_read.setdefault(handle, value)
-    updates, assigned = {}, []
+    updates, assigned, writebacks = {}, [], {}
+    op_device = {op.name: op.device for op in ops}
+    nbytes = {t.name: t.nbytes for t in tensors}
     for op in ops:
         handles = [t for t in op.inputs if t in handle_of]
         if op.name not in writers or not handles:
             continue
-        if op.type == "AssignVariableOp":
+        if handles[0] in host_homed:
+            # The update runs where the variable lives; what it reads from the
+            # device leaves through a swap-out (tfswap.tf.rewrite), and the device
+            # copy is freed then, not kept to the end.
+            moved = sum(nbytes[t] for t in op.inputs if t not in handle_of
+                        and not same_device(op_device[t.rpartition(":")[0]], op.device))
+            if moved:
+                writebacks[op.name] = moved
+        elif op.type == "AssignVariableOp":
             assigned.extend(t for t in op.inputs[1:] if t not in handle_of)
         elif handles[0] in first_read:
             updates[op.name] = first_read[handles[0]]
@@ -549,4 +563,5 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
         unprofiled=tuple(n for n in unprofiled if node_map.get(n) == n), profile=profile,
         updates={o: v for o, v in updates.items() if node_map.get(o) == o},
         assigned=tuple(t for t in assigned if node_map.get(t.rpartition(":")[0]) ==
-                       t.rpartition(":")[0]))
+                       t.rpartition(":")[0]),
+        writebacks={o: b for o, b in writebacks.items() if node_map.get(o) == o})

@@ -45,6 +45,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2
 from tfswap import ops
 from tfswap.core.plan import Plan
 from tfswap.tf.capture import CapturedFunction, local_device, same_device
+from tfswap.tf.ir import VARIABLE_READERS
 
 SWAP_OUT_OP = "SwapOut"
 SWAP_IN_OP = "SwapIn"
@@ -253,6 +254,43 @@ def _fetch_unplanned_host_reads(graph_def, nodes: dict, host_values, device: str
             _repoint(graph_def, nodes, reader, value, name, f"small_{k}")
 
 
+def _write_back_host_updates(graph_def, captured: CapturedFunction, device: str,
+                             link: float | None) -> None:
+    """Give each update of a host-homed variable (it runs on the host, where the
+    variable lives) the device values it reads through a SwapOut.
+
+    The copy is then one of tfswap's, started as soon as the value is made,
+    instead of one TensorFlow makes behind the plan's back when the update
+    runs (on the emulated device such a copy is free and unmeasured).
+    ``tfswap.tf.ir.lower`` lists the same bytes as the update's writebacks.
+    """
+    handles = {c.name.partition(":")[0] for c in captured.captures if c.host_homed}
+    if not handles:
+        return
+    nodes = {n.name: n for n in graph_def.node}   # the swap ops added so far too
+    made: dict[str, str] = {}
+    for node in list(graph_def.node):
+        if node.op in VARIABLE_READERS or same_device(node.device, device) or not any(
+                i.partition(":")[0] in handles for i in node.input if not i.startswith("^")):
+            continue
+        for slot, raw in enumerate(node.input):
+            if raw.startswith("^") or raw.partition(":")[0] in handles:
+                continue
+            producer = nodes[split_tensor_name(raw)[0]]
+            if not same_device(producer.device, device):
+                continue
+            if raw not in made:
+                name = f"{SWAP_SCOPE}/write_back_{len(made)}"
+                out = graph_def.node.add(name=name, op=SWAP_OUT_OP, device=device)
+                out.input.append(raw)
+                out.attr["T"].CopyFrom(node.attr["dtype"] if "dtype" in node.attr
+                                       else node.attr["T"])
+                if link is not None:
+                    out.attr["link_bytes_per_s"].f = link
+                made[raw] = name
+            node.input[slot] = made[raw]
+
+
 def _check_host_reads(graph_def, nodes: dict, host_values, device: str) -> None:
     """Every op on the device reads a host-homed variable's value through a SwapIn.
 
@@ -457,6 +495,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
     small = plan.allocation.small_threshold_bytes if plan.allocation is not None else 0
     _fetch_unplanned_host_reads(graph_def, nodes, host_values, device, small, link)
     _check_host_reads(graph_def, nodes, host_values, device)
+    _write_back_host_updates(graph_def, captured, device, link)
 
     # The schedule chain.  Source ops (no inputs: placeholders, constants)
     # cost nothing and are left free.

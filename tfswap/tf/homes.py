@@ -1,0 +1,185 @@
+"""Where the step's variables live between steps: the device, or host memory.
+
+``tfswap.optimize(..., parameters=...)`` takes one of
+:data:`tfswap.pipeline.PARAMETERS`:
+
+* ``"device"``: variables stay where the user created them (a device
+  variable is pinned there for the whole step);
+* ``"host"``: every variable of the step lives in host memory between
+  steps; each value the step reads is fetched before its first use on the
+  device (SwapAdvisor's parameter swapping);
+* ``"auto"`` (default): the parameters stay on the device when the step can
+  be planned within the budget with them there; otherwise the variables of
+  at least the small-tensor threshold move to host memory (a smaller one is
+  never swapped, so moving it would only add a copy).
+
+Moving keeps the user's objects: each moved ``tf.Variable`` takes the handle
+of a new variable in host memory holding its value, so Keras ``get_weights``,
+``save``, checkpoints and callbacks read and write the host copy, and the
+device buffer is released (the old resource is left holding an empty
+tensor).  A function traced before the move captured the old handle; calling
+it fails with a shape error instead of reading stale values, so trace again
+(Keras's cached functions are reset by :class:`tfswap.keras.SwapCallback`).
+A variable read inside a loop or branch body stays on the device: TensorFlow
+would copy it in on every read, unplanned.
+
+Example::
+
+    moved = move_to_host([v for v in captured.variables], "/device:CPU:1")
+    captured = rehomed(captured, moved)        # reads and updates now on the host
+    moved.undo()                               # back on the device, values kept
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from tfswap.tf import capture as capture_mod
+from tfswap.tf.capture import CapturedFunction
+
+
+def _nbytes(variable) -> int:
+    return int(np.prod(variable.shape.as_list(), dtype=np.int64)) * variable.dtype.size
+
+
+@dataclass(frozen=True)
+class Moved:
+    """One variable moved to the host: the user's object and its former device handle."""
+
+    variable: tf.Variable
+    device_handle: tf.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.variable)
+
+
+@dataclass(frozen=True)
+class Relocation:
+    """The variables :func:`move_to_host` moved; :meth:`undo` puts them back."""
+
+    moved: tuple[Moved, ...]
+    host: str
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.moved)
+
+    def undo(self) -> None:
+        """Put every moved variable back on its device, with its current value."""
+        for m in self.moved:
+            value = m.variable.read_value()
+            # The device resource holds an empty tensor: assign the full shape back.
+            tf.raw_ops.AssignVariableOp(resource=m.device_handle, value=value,
+                                        validate_shape=False)
+            _point(m.variable, m.device_handle)
+
+    def describe(self) -> str:
+        return (f"parameters: {len(self.moved)} variable(s), {self.nbytes} B, live in host "
+                f"memory ({self.host}) between steps; each value read is fetched before its "
+                "first use on the device")
+
+
+def _point(variable, handle) -> None:
+    """Make ``variable`` (a ResourceVariable) use the resource behind ``handle``."""
+    variable._handle = handle
+    variable._cached_value = None   # a caching_device's copy belongs to the old resource
+
+
+def _plain(variable) -> bool:
+    """A variable whose resource handle tfswap can repoint: a plain (not
+    distributed, not mirrored) resource variable, eager or made in a function."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    return isinstance(variable, resource_variable_ops.BaseResourceVariable) and \
+        hasattr(variable, "_handle") and not getattr(variable, "_in_graph_mode", False)
+
+
+def _resource_variable(variable):
+    if not _plain(variable):
+        raise TypeError(
+            f"tfswap can move only plain resource variables to the host; {variable.name} is a "
+            f"{type(variable).__name__}. Pass parameters='device', or create it in host memory "
+            "(under tf.device(host)) yourself")
+    if not tf.executing_eagerly():
+        raise RuntimeError("variables are moved eagerly; call tfswap.optimize outside a "
+                           "tf.function or graph")
+    return variable
+
+
+def move_to_host(variables, host: str) -> Relocation:
+    """Move ``variables`` (the user's ResourceVariables) to host memory in place.
+
+    Each gets a new resource on ``host`` holding its value; its former device
+    resource is emptied, which frees the device memory even where a function
+    traced before still holds the old handle.
+    """
+    moved = []
+    try:
+        for variable in variables:
+            variable = _resource_variable(variable)
+            with tf.device(host):
+                # A new resource with the variable's value, owned by its handle.
+                fresh = tf.Variable(variable.read_value(), trainable=False,
+                                    name=variable.name.partition(":")[0] + "_host")
+            old = variable.handle
+            _point(variable, fresh.handle)
+            moved.append(Moved(variable, old))
+            tf.raw_ops.AssignVariableOp(resource=old, value=tf.zeros([0], variable.dtype),
+                                        validate_shape=False)
+    except BaseException:
+        Relocation(tuple(moved), host).undo()
+        raise
+    return Relocation(tuple(moved), host)
+
+
+def movable(captured: CapturedFunction) -> tuple:
+    """The captured device variables that can live on the host: plain resource
+    variables the step reads and updates only through plain ops (not inside a
+    loop, branch or call)."""
+    handles = {c.name.partition(":")[0]: c for c in captured.captures
+               if c.variable is not None and not c.host_homed and _plain(c.variable)}
+    in_bodies = set()
+    for node in captured.graph_def.node:
+        if any(value.HasField("func") for value in node.attr.values()):
+            in_bodies.update(raw.lstrip("^").partition(":")[0] for raw in node.input)
+    return tuple(c for name, c in handles.items() if name not in in_bodies)
+
+
+def chosen(captured: CapturedFunction, parameters: str, small_bytes: int) -> tuple:
+    """The captures to move for ``parameters`` "host" (all) or "auto" (all of at
+    least ``small_bytes``); raises CaptureError where "host" cannot move one."""
+    candidates = movable(captured)
+    if parameters == "host":
+        names = {c.name for c in candidates}
+        stuck = [c.variable.name for c in captured.captures
+                 if c.variable is not None and not c.host_homed and c.name not in names]
+        if stuck:
+            raise capture_mod.CaptureError(
+                f"parameters='host': {stuck[0]} cannot move: it is read inside a loop, branch "
+                "or call body (where tfswap cannot fetch its reads before use) or it is not a "
+                "plain resource variable (a distributed one). Pass parameters='auto' (it stays "
+                "on the device), or unroll the loop.")
+        return candidates
+    return tuple(c for c in candidates if _nbytes(c.variable) >= small_bytes)
+
+
+def rehomed(captured: CapturedFunction, relocation: Relocation) -> CapturedFunction:
+    """``captured`` with the moved variables host-homed: their handles are the new
+    ones, and the ops taking them run on the host."""
+    moved = {id(m.variable) for m in relocation.moved}
+    captures = tuple(
+        dataclasses.replace(c, value=c.variable.handle, host_homed=True)
+        if c.variable is not None and id(c.variable) in moved else c
+        for c in captured.captures)
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.CopyFrom(captured.graph_def)
+    capture_mod.place_on_variables(graph_def, captures)
+    return dataclasses.replace(captured, graph_def=graph_def, captures=captures)
+
+
+__all__ = ["Moved", "Relocation", "chosen", "movable", "move_to_host", "rehomed"]
