@@ -1,6 +1,6 @@
 """Does the optimised step stay within its budget on a GPU, and compute the same? (issue #19)
 
-    python benchmarks/gpu_validate.py [--models cnn,resnet50,resnet50_host,bert,transformer,lstm4]
+    python benchmarks/gpu_validate.py [--models cnn,resnet50,resnet50_host,resnet50_auto,bert,...]
         [--verify-rounds 3] [--generations 5] [--workers N] [--out benchmarks/out/gpu_validate_h100.csv]
     python benchmarks/gpu_validate.py --emulated --small ...      # the same, small, on the CPU
     python benchmarks/gpu_validate.py --merge a.csv b.csv --out benchmarks/out/gpu_validate_h100.csv
@@ -11,7 +11,8 @@ Rows (fractions of the unmodified step's measured device peak):
 |---|---|---|
 | cnn | ``zoo.cnn`` b64 64px | 0.5 |
 | resnet50 | ``zoo.resnet50`` b64 128px | 0.6, 0.4 |
-| resnet50_host | ``zoo.resnet50`` b32 128px, variables in host memory | 0.3 of the device-homed peak |
+| resnet50_host | ``zoo.resnet50`` b32 128px, variables created in host memory | 0.3 of the device-homed peak |
+| resnet50_auto | ``zoo.resnet50`` b32 128px, variables on the device, ``parameters="auto"`` moves them (issue #20) | 0.3 |
 | bert | ``zoo.bert`` b32 seq 256 dim 256, 4 layers | 0.6, 0.4 |
 | transformer | ``zoo.transformer`` b32 seq 256 dim 256, 4 layers, vocab 4096 | 0.6, 0.4 |
 | lstm4 | ``zoo.lstm`` b256, 24 steps, 128 features, 512 units, 4 layers | 0.6, 0.4 |
@@ -70,28 +71,35 @@ def _zoo(builder, **sizes):
     return build
 
 
-# name -> (builder, batch, fractions, variables in host memory)
+# name -> (builder, batch, fractions, homes): homes "device" (the model as built, parameters
+# kept there), "host" (built under tf.device(host)) or "auto" (built on the device;
+# optimize's parameters="auto" moves them, and an identical second model is the reference).
 FULL = {
-    "cnn": (_zoo("cnn", batch=64, image=64), 64, (0.5,), False),
-    "resnet50": (_zoo("resnet50", batch=64, image=128), 64, (0.6, 0.4), False),
-    "resnet50_host": (_zoo("resnet50", batch=32, image=128), 32, (0.3,), True),
-    "bert": (_zoo("bert", batch=32, seq=256, dim=256, heads=4, layers=4), 32, (0.6, 0.4), False),
+    "cnn": (_zoo("cnn", batch=64, image=64), 64, (0.5,), "device"),
+    "resnet50": (_zoo("resnet50", batch=64, image=128), 64, (0.6, 0.4), "device"),
+    "resnet50_host": (_zoo("resnet50", batch=32, image=128), 32, (0.3,), "host"),
+    "resnet50_auto": (_zoo("resnet50", batch=32, image=128), 32, (0.3,), "auto"),
+    "bert": (_zoo("bert", batch=32, seq=256, dim=256, heads=4, layers=4), 32, (0.6, 0.4),
+             "device"),
     "transformer": (_zoo("transformer", batch=32, seq=256, dim=256, heads=4, layers=4,
-                         vocab=4096), 32, (0.6, 0.4), False),
+                         vocab=4096), 32, (0.6, 0.4), "device"),
     "lstm4": (_zoo("lstm", batch=256, steps=24, features=128, units=512, layers=4), 256,
-              (0.6, 0.4), False),
+              (0.6, 0.4), "device"),
 }
 # --small: sizes that plan and run in seconds on a 2-core CPU.
 SMALL = {
-    "cnn": (_zoo("cnn", batch=16, image=16, channels=8, blocks=4), 16, (0.5,), False),
-    "resnet50": (_zoo("resnet50", batch=2, image=32), 2, (0.6, 0.4), False),
-    "resnet50_host": (_zoo("resnet50", batch=2, image=32), 2, (0.3,), True),
+    "cnn": (_zoo("cnn", batch=16, image=16, channels=8, blocks=4), 16, (0.5,), "device"),
+    "resnet50": (_zoo("resnet50", batch=2, image=32), 2, (0.6, 0.4), "device"),
+    "resnet50_host": (_zoo("resnet50", batch=2, image=32), 2, (0.3,), "host"),
+    "resnet50_auto": (_zoo("resnet50", batch=2, image=32), 2, (0.3,), "auto"),
     "bert": (_zoo("bert", batch=16, seq=64, dim=64, heads=4, layers=2, vocab=256), 16,
-             (0.6, 0.4), False),
+             (0.6, 0.4), "device"),
     "transformer": (_zoo("transformer", batch=16, seq=64, dim=64, heads=4, layers=2,
-                         vocab=256), 16, (0.6, 0.4), False),
+                         vocab=256), 16, (0.6, 0.4), "device"),
     "lstm4": (_zoo("lstm", batch=64, steps=8, features=16, units=32, layers=4), 64,
-              (0.6, 0.4), False),
+              (0.6, 0.4), "device"),
+    # Parameters and Adam state are most of its peak: at 0.25 "auto" must move them.
+    "mlp_auto": (_zoo("mlp", batch=16), 16, (0.25,), "auto"),
 }
 
 
@@ -189,6 +197,31 @@ def same_training(reference, candidate, variables, batch, steps: int = 3):
     return bool(exact), float(worst)
 
 
+def same_as_reference(reference, step, fast, steps: int = 3):
+    """(bit-identical, worst relative difference) of ``steps`` steps of ``reference``'s
+    own function on its variables and of ``fast`` on ``step``'s, the same model
+    built twice from one seed (model weights and optimizer state compared)."""
+    import numpy as np
+
+    from tests.tf.equality import worst_relative_difference
+
+    def state(s):
+        return [v.numpy() for v in list(s.model.weights) + list(s.optimizer.variables)]
+
+    saved = state(step)
+    try:
+        ref_losses = [float(reference.concrete_fn(*reference.batch)["loss"]) for _ in range(steps)]
+        losses = [float(fast(*step.batch)["loss"]) for _ in range(steps)]
+        expected, got = state(reference), state(step)
+    finally:
+        for v, value in zip(list(step.model.weights) + list(step.optimizer.variables), saved):
+            v.assign(value)
+    exact = losses == ref_losses and all(np.array_equal(a, b) for a, b in zip(expected, got))
+    worst, _ = worst_relative_difference(expected, got)
+    worst = max([worst] + [abs(a - b) / max(1.0, abs(a)) for a, b in zip(ref_losses, losses)])
+    return bool(exact), float(worst)
+
+
 def run_model(name: str, args) -> None:
     """Measure every row of ``name`` and print each as one ROW_MARK line of JSON."""
     if args.emulated:
@@ -211,7 +244,7 @@ def run_model(name: str, args) -> None:
                              "the emulated device")
         device, host = gpus[0].name, "/device:CPU:0"
     method = measure.peak_method(device, emulate.is_active())
-    build, batch, fractions, host_variables = (SMALL if args.small else FULL)[name]
+    build, batch, fractions, homes = (SMALL if args.small else FULL)[name]
     if args.fractions:
         fractions = tuple(float(f) for f in args.fractions.split(","))
     timing = dict(steps=3, repeats=1) if args.emulated else dict(steps=10, repeats=3)
@@ -230,13 +263,15 @@ def run_model(name: str, args) -> None:
     print(f"{name}: unmodified peak {base_peak} B, {base_time * 1e3:.2f} ms/step "
           f"({base_how})", flush=True)
     host_time = None
-    if host_variables:
+    if homes == "host":
         del step, captured
         gc.collect()
         step = build(host)
         captured = capture.capture(step.concrete_fn, device=device)
         host_time = step_time(step.concrete_fn, step.batch, captured.variables, **timing)
     unmodified = runtime.bind(captured, captured.graph_def)
+    if len(fractions) > 1 and homes == "auto":
+        raise SystemExit(f"{name}: an 'auto' model moves its variables once; give one fraction")
     for fraction in fractions:
         budget = int(fraction * base_peak)
         row = dict(model=name, batch=batch, fraction=fraction, budget_bytes=budget,
@@ -247,9 +282,13 @@ def run_model(name: str, args) -> None:
         fast = None
         try:
             start = time.perf_counter()
+            # "auto": a second model from the same seed is the unmodified reference,
+            # since the planned one's variables may move to host memory.
+            reference = build() if homes == "auto" else None
             fast = tfswap.optimize(step.concrete_fn, budget, generations=args.generations,
                                    seed=0, workers=args.workers, inputs=step.batch,
-                                   verify_rounds=args.verify_rounds)
+                                   verify_rounds=args.verify_rounds,
+                                   parameters="auto" if homes == "auto" else "device")
             row["plan_s"] = time.perf_counter() - start
             row.update(predicted_peak_bytes=fast.plan.prediction.peak_bytes,
                        predicted_step_s=fast.plan.prediction.step_time_s, spec=fast.spec.name,
@@ -262,8 +301,15 @@ def run_model(name: str, args) -> None:
             row["measured_step_s"] = step_time(fast, step.batch, fast.captured.variables,
                                                **timing)
             variables = fast.captured.variables
-            row["identical"], row["worst_relative_difference"] = same_training(
-                step.concrete_fn, fast, variables, step.batch)
+            if reference is not None:
+                row["moved_bytes"] = fast.relocation.nbytes if fast.relocation else 0
+                row["identical"], row["worst_relative_difference"] = same_as_reference(
+                    reference, step, fast)
+                # The unmodified graph with the variables where the plan has them.
+                unmodified = runtime.bind(fast.captured, fast.captured.graph_def)
+            else:
+                row["identical"], row["worst_relative_difference"] = same_training(
+                    step.concrete_fn, fast, variables, step.batch)
             row["identical_to_captured_graph"], _ = same_training(
                 unmodified, fast, variables, step.batch)
         except Exception as err:   # one row's failure (BudgetError, OOM) is a result

@@ -54,10 +54,14 @@ _SMALLEST = re.compile(r"smallest budget that can work is about (\d+) bytes")
 
 
 def optimize_at(step, budget: int, generations: int):
-    """(optimized function, budget used, why it differs from the one asked for)."""
+    """(optimized function, budget used, why it differs from the one asked for).
+
+    Variables stay where the model was built (``parameters="device"``): the
+    comparisons run the captured graph on the same variables.
+    """
     try:
         return tfswap.optimize(step.concrete_fn, budget, generations=generations, seed=0,
-                               workers=1, inputs=step.batch), budget, ""
+                               workers=1, inputs=step.batch, parameters="device"), budget, ""
     except BudgetError as err:
         found = _SMALLEST.search(str(err))
         if found is None:
@@ -65,7 +69,7 @@ def optimize_at(step, budget: int, generations: int):
         smallest = int(found.group(1))
         why = f"below the minimum working set; smallest feasible {smallest} B"
         return tfswap.optimize(step.concrete_fn, smallest, generations=generations, seed=0,
-                               workers=1, inputs=step.batch), smallest, why
+                               workers=1, inputs=step.batch, parameters="device"), smallest, why
 
 
 def distance(reference, candidate, variables, batch) -> float:

@@ -66,3 +66,18 @@ def test_gpu_link_writes_each_direction_and_size(tmp_path):
     assert got == {(d, n) for d in ("d2h", "h2d", "duplex") for n in (1 << 20, 4 << 20)}
     assert all(float(r["per_copy_s"]) > 0 and float(r["bytes_per_s"]) > 0 for r in rows)
     assert "d2h: latency" in printed and "h2d: latency" in printed
+
+
+def test_gpu_validate_moves_parameters_that_do_not_fit_and_compares_with_a_twin(tmp_path):
+    """The "auto" rows (issue #20): the model is built on the device, optimize moves
+    its variables to host memory, and an identical model trained by its own
+    function is the reference."""
+    out = tmp_path / "auto.csv"
+    _run("benchmarks/gpu_validate.py", "--emulated", "--small", "--models", "mlp_auto",
+         "--generations", "1", "--workers", "1", "--out", str(out))
+    details = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
+    row = details[0]
+    assert "error" not in row, row.get("traceback")
+    assert row["moved_bytes"] > 0 and row["identical"] is True
+    assert row["identical_to_captured_graph"] is True
+    assert row["measured_peak_bytes"] <= row["budget_bytes"]

@@ -228,6 +228,9 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
     elif planned.plan.planner != pipeline.NO_SWAP:
         notes += (f"not verified: {_unverified_reason(prepared)}; the peak is the memory "
                   "model's prediction",)
+    if prepared.captured.host_homed:
+        notes += (parameters_text(planned.plan, planned.attempt.step.lowered,
+                                  len(prepared.captured.host_homed)),)
     return OptimizedFunction(
         plan=planned.plan, captured=prepared.captured, lowered=planned.attempt.step.lowered,
         rewritten=made.rewritten, bound=made.bound, spec=prepared.spec,
@@ -235,6 +238,20 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
         search=planned.search, profile=prepared.profile, notes=notes,
         measured_peak_bytes=verified.measured_peak_bytes, measured_on=verified.measured_on,
         relocation=prepared.relocation)
+
+
+def parameters_text(plan: Plan, lowered, host_variables: int) -> str:
+    """What the variables in host memory cost a step: bytes fetched, bytes of updates
+    copied back, and where the updates run."""
+    fetched = sum(s.bytes for s in plan.swaps if s.kind == "prefetch")
+    on_host = sorted(op.name for op in lowered.graph.ops
+                     if op.name in lowered.writebacks and op.type != "AssignVariableOp")
+    where = ("every update is computed on the device and the host only stores its result"
+             if not on_host else f"{len(on_host)} in-place update(s) run on the host "
+             f"(e.g. {on_host[0]}), the rest are computed on the device")
+    return (f"parameters: {host_variables} variable(s) in host memory; each step fetches "
+            f"{fetched} B of their values before use and copies {sum(lowered.writebacks.values())}"
+            f" B of new values back (charged in the predicted time); {where}")
 
 
 def _unverified_reason(prepared: pipeline.Prepared) -> str:
@@ -262,21 +279,25 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
         raise PlanFormatError(f"{path}: {err}") from err
     device, host = pipeline.placement(device, host)
     captured = capture_mod.capture(concrete_fn, device=device)
-    found = capture_mod.fingerprint(captured)
-    if plan.graph_fingerprint and plan.graph_fingerprint != found:
-        raise PlanMismatchError(
-            f"the plan in {path} was made for another graph (fingerprint "
-            f"{plan.graph_fingerprint}, this function's is {found}): a different model, batch "
-            "shape or TensorFlow version. Re-plan with tfswap.optimize and save again.")
     relocation = None
     to_move = [c for c in captured.captures if c.variable is not None and not c.host_homed
                and c.name in set(plan.host_variables)]
-    if to_move:   # the plan ran with these in host memory: put them there again
-        from tfswap.tf import homes
-
-        relocation = homes.move_to_host([c.variable for c in to_move], host)
-        captured = homes.rehomed(captured, relocation)
     try:
+        if to_move:   # the plan ran with these in host memory: put them there again
+            from tfswap.tf import homes
+
+            relocation = homes.move_to_host([c.variable for c in to_move], host)
+            captured = homes.rehomed(captured, relocation)
+        if captured.host_homed:   # as optimize planned it (pipeline.place_parameters)
+            from tfswap.tf import homes
+
+            captured, _ = homes.updates_on_device(captured, device)
+        found = capture_mod.fingerprint(captured)
+        if plan.graph_fingerprint and plan.graph_fingerprint != found:
+            raise PlanMismatchError(
+                f"the plan in {path} was made for another graph (fingerprint "
+                f"{plan.graph_fingerprint}, this function's is {found}): a different model, "
+                "batch shape or TensorFlow version. Re-plan with tfswap.optimize and save again.")
         lowered = ir.lower(captured, None)
         spec = pipeline.spec_for(device_spec, device)
         rewritten = rewrite.rewrite(captured, plan, device, host)

@@ -275,6 +275,10 @@ def prepare(concrete_fn, options: Options) -> Prepared:
     deadline = None if options.generations is not None else started + options.search_time_s
     device, host = placement(options.device, options.host)
     captured = capture_mod.capture(concrete_fn, device=device)
+    if captured.host_homed:   # variables the user created in host memory
+        from tfswap.tf import homes
+
+        captured, _ = homes.updates_on_device(captured, device)
     spec, spec_note = choose_spec(options.device_spec, device)
     budget = parse_budget(options.memory_budget, spec.memory_bytes)
     capture_mod.warn_legacy_random(captured)
@@ -309,13 +313,33 @@ def place_parameters(prepared: Prepared) -> Prepared:
 
     relocation = homes.move_to_host([c.variable for c in picked], prepared.host)
     try:
-        captured = homes.rehomed(prepared.captured, relocation)
-        step = lower(captured, prepared.profile, prepared.spec, prepared.step.small)
+        captured, made = homes.updates_on_device(homes.rehomed(prepared.captured, relocation),
+                                                 prepared.device)
+        prof = with_moved_costs(prepared.profile, made)
+        step = lower(captured, prof, prepared.spec, prepared.step.small)
     except BaseException:
         relocation.undo()
         raise
-    return dataclasses.replace(prepared, captured=captured, step=step, relocation=relocation,
+    return dataclasses.replace(prepared, captured=captured, profile=prof, step=step,
+                               relocation=relocation,
                                notes=prepared.notes + (relocation.describe(),))
+
+
+def with_moved_costs(prof, moved: dict):
+    """``prof`` with each op in ``moved`` (new op -> the op it took the work of)
+    costing what that op cost, and that op nothing: the arithmetic of an
+    in-place update profiled on the device, now done by a device op while the
+    host only stores the result (:func:`tfswap.tf.homes.updates_on_device`)."""
+    if not moved:
+        return prof
+    from tfswap.core.profile import OpProfile
+
+    taken = set(moved.values())
+    ops = [dataclasses.replace(op, time_s=0.0, scratch_bytes=0) if op.name in taken else op
+           for op in prof.ops]
+    ops += [OpProfile(name=new, type=prof.op(old).type, time_s=prof.op(old).time_s,
+                      source=prof.op(old).source) for new, old in moved.items() if old in prof]
+    return dataclasses.replace(prof, ops=tuple(ops), _index={})
 
 
 def movable_parameters(prepared: Prepared) -> tuple:
@@ -747,6 +771,6 @@ __all__ = ["Attempt", "Lowered", "Materialized", "NoDeviceError", "Options", "PA
            "Planned", "movable_parameters", "place_parameters", "restore_parameters",
            "Prepared", "Verified", "after_infeasible", "finish", "first_attempt", "lower", "lower_default",
            "materialize", "minimum_budget", "pin_parameters", "placement", "plan",
-           "planning_graph", "price_writebacks",
+           "planning_graph", "price_writebacks", "with_moved_costs",
            "planner_budget", "prepare", "refine", "sample_inputs", "small_threshold",
            "choose_spec", "spec_for", "verify", "with_budget", "working_set_text"]

@@ -79,9 +79,8 @@ class Relocation:
             _point(m.variable, m.device_handle)
 
     def describe(self) -> str:
-        return (f"parameters: {len(self.moved)} variable(s), {self.nbytes} B, live in host "
-                f"memory ({self.host}) between steps; each value read is fetched before its "
-                "first use on the device")
+        return (f"moved {len(self.moved)} variable(s) ({self.nbytes} B) to host memory "
+                f"({self.host}) between steps; they stay the model's objects")
 
 
 def _point(variable, handle) -> None:
@@ -182,4 +181,93 @@ def rehomed(captured: CapturedFunction, relocation: Relocation) -> CapturedFunct
     return dataclasses.replace(captured, graph_def=graph_def, captures=captures)
 
 
-__all__ = ["Moved", "Relocation", "chosen", "movable", "move_to_host", "rehomed"]
+# In-place updates whose arithmetic can run on the device: the new value is
+# this op of the value read before the update and the update's operand.
+IN_PLACE_UPDATES = {"AssignAddVariableOp": "AddV2", "AssignSubVariableOp": "Sub"}
+UPDATE_SUFFIX = "/tfswap_new_value"
+
+
+def updates_on_device(captured: CapturedFunction, device: str) -> tuple[CapturedFunction, dict]:
+    """``captured`` with each in-place update of a host-homed variable made on the
+    device: ``AssignAddVariableOp(v, d)`` becomes ``AssignVariableOp(v, r + d)``
+    with the addition on the device, where ``r`` is the value the step read
+    from ``v`` last before the update; reads of ``v`` after it (before any other
+    write) read that new value instead of fetching it again.
+
+    Only the final add moved: Keras's optimizers compute the delta on the
+    device already.  The result is the same bit for bit (one IEEE addition of
+    the same two values), the host only stores what the device computed (one
+    copy back, as for the delta), and no second fetch follows.  Returns the
+    new graph and ``{new device op: the update it came from}`` (its cost).
+    An update whose value read cannot be proven current stays in place.
+    """
+    handles = {c.name.partition(":")[0] for c in captured.captures if c.host_homed}
+    if not handles:
+        return captured, {}
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.CopyFrom(captured.graph_def)
+    nodes = {n.name: n for n in graph_def.node}
+    on_handle: dict[str, list] = {}
+    for name in _topological(graph_def):
+        node = nodes[name]
+        data = [i.partition(":")[0] for i in node.input if not i.startswith("^")]
+        if data and data[0] in handles:
+            on_handle.setdefault(data[0], []).append(node)
+    consumers: dict[str, list] = {}
+    for node in graph_def.node:
+        for k, raw in enumerate(node.input):
+            consumers.setdefault(raw.lstrip("^"), []).append((node, k))
+    made = {}
+    for handle, sequence in on_handle.items():
+        value = None   # the node whose output 0 is the variable's current value
+        for k, node in enumerate(sequence):
+            if node.op == "ReadVariableOp":
+                value = node.name if value is None or nodes[value].op == "ReadVariableOp" \
+                    else value
+                continue
+            arithmetic = IN_PLACE_UPDATES.get(node.op)
+            if arithmetic is None or value is None or not _after(nodes, node.name, value):
+                value = None   # another writer: what the variable holds is not known here
+                continue
+            new = graph_def.node.add(name=node.name + UPDATE_SUFFIX, op=arithmetic,
+                                     device=device)
+            new.input.extend([value, node.input[1]])
+            new.attr["T"].type = node.attr["dtype"].type
+            nodes[new.name] = new
+            node.op = "AssignVariableOp"
+            node.input[1] = new.name
+            node.attr["validate_shape"].b = False
+            made[new.name] = node.name
+            for later in sequence[k + 1:]:   # reads of the new value take it from the device
+                if later.op != "ReadVariableOp" or not _after(nodes, later.name, node.name):
+                    break
+                for reader, slot in consumers.get(later.name, ()):
+                    if not reader.input[slot].startswith("^"):
+                        reader.input[slot] = new.name
+            value = new.name
+    return dataclasses.replace(captured, graph_def=graph_def), made
+
+
+def _topological(graph_def) -> list[str]:
+    from tfswap.tf.rewrite import topological_order
+
+    return topological_order(graph_def)
+
+
+def _after(nodes: dict, later: str, earlier: str) -> bool:
+    """Whether ``earlier`` is an ancestor of ``later`` (by data or control edges)."""
+    seen, stack = set(), [later]
+    while stack:
+        name = stack.pop()
+        for raw in nodes[name].input:
+            source = raw.lstrip("^").partition(":")[0]
+            if source == earlier:
+                return True
+            if source not in seen and source in nodes:
+                seen.add(source)
+                stack.append(source)
+    return False
+
+
+__all__ = ["IN_PLACE_UPDATES", "Moved", "Relocation", "chosen", "movable", "move_to_host",
+           "rehomed", "updates_on_device"]
