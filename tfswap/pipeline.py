@@ -546,6 +546,17 @@ def first_attempt(prepared: Prepared) -> Attempt:
 def _attempt_at(prepared: Prepared, step: Lowered, layout: str, **changes) -> Attempt:
     usable, outside = planner_budget(prepared.budget_bytes, step.lowered,
                                      prepared.options.safety_margin)
+    cg = step.problem.compiled
+    pinned = int(cg.buf_bytes[(cg.buf_pinned & cg.buf_persistent).astype(bool)].sum())
+    # With "auto", optimize moves the parameters when no plan fits with them on
+    # the device; when they alone exceed the budget, no search is needed to know.
+    # ("device" goes on, to name the smallest budget that works.)
+    if pinned >= usable and prepared.options.parameters != "device":
+        raise BudgetError(
+            f"memory_budget {prepared.options.memory_budget!r} ({prepared.budget_bytes} bytes): "
+            f"the parameters that stay on the device take {pinned} bytes, more than the "
+            f"{usable} bytes the plan may use. Pass parameters='auto' or 'host' to keep them "
+            f"in host memory between steps, or a budget well above {pinned} bytes.")
     return Attempt(step, usable, outside, layout, **changes)
 
 
