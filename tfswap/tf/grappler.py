@@ -18,10 +18,23 @@ whose schedules are orders of a DAG, cannot take.  So for a graph holding
 such an op the function optimiser is off; every other pass runs as usual.
 The function runtime lowers the loop itself when it runs the step.
 
+One rewrite runs after Grappler whatever the config says: on CPU builds
+with oneDNN (TF 2.21's Linux x86 wheel, unless ``TF_ENABLE_ONEDNN_OPTS=0``)
+the function runtime's ``MklLayoutRewritePass`` turns the graph's ops into
+oneDNN kernels when it instantiates the step, and merges some pairs of ops
+into one kernel.  Only pairs whose two ops have the same control inputs
+merge, so the control edges of a schedule can stop a merge the unmodified
+step makes, and then the step computes differently, or join two ops through
+another path, and then the merged graph has a cycle:
+:func:`filter_and_bias_grads` and :func:`pads_into_convs` find the pairs
+that matter (see there), :func:`runtime_merges` says whether the pass runs
+for a device.
+
 Example::
 
     optimized = optimize(graph_def, fetches=("Identity:0",), keep_ops=("AssignVariableOp",),
                          device="/device:CPU:0")
+    filter_and_bias_grads(optimized)   # ((filter gradient, bias gradient), ...) that merge
 """
 
 from __future__ import annotations
@@ -30,9 +43,10 @@ import hashlib
 from collections.abc import Iterable
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2
+from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2, types_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
 from tensorflow.python.grappler import tf_optimizer
+from tensorflow.python.util import _pywrap_util_port
 
 
 def default_device() -> str:
@@ -258,3 +272,166 @@ def _drop_control_edges_from_placeholders(graph_def) -> None:
         if len(kept) != len(node.input):
             del node.input[:]
             node.input.extend(kept)
+
+
+# -- TensorFlow's oneDNN graph pass (tensorflow/core/common_runtime/mkl_layout_pass.cc).
+
+FILTER_GRAD = "Conv2DBackpropFilter"
+BIAS_GRAD = "BiasAddGrad"
+# Where each reads the gradient of the convolution's output (``out_backprop``):
+# Conv2DBackpropFilter(input, filter_sizes, out_backprop), BiasAddGrad(out_backprop).
+FILTER_GRAD_OUT_BACKPROP = 2
+BIAS_GRAD_OUT_BACKPROP = 0
+# The element types the pass merges the pair for (GetConv2DBackpropFilterOrBiasAddGrad).
+_MERGED_TYPES = frozenset({types_pb2.DT_FLOAT, types_pb2.DT_BFLOAT16})
+# Conv2D's default data format, where a node leaves the attribute out.
+_DEFAULT_DATA_FORMAT = b"NHWC"
+
+
+def runtime_merges(device: str) -> bool:
+    """Whether TensorFlow's oneDNN graph pass rewrites, and merges, the ops this
+    process places on ``device``.
+
+    The pass runs when TensorFlow was built with oneDNN and
+    ``TF_ENABLE_ONEDNN_OPTS`` does not turn it off, and it touches CPU ops
+    only: on a GPU the step's ops run as they are.  An unplaced op counts as
+    placed on :func:`default_device`.
+
+    Example::
+
+        runtime_merges("/device:CPU:0")   # True on the Linux x86 wheel
+        runtime_merges("/device:GPU:0")   # False
+    """
+    spec = tf.DeviceSpec.from_string(device or default_device())
+    return bool(_pywrap_util_port.IsMklEnabled()) and spec.device_type == "CPU"
+
+
+def _data_inputs(node) -> list[str]:
+    return [i for i in node.input if not i.startswith("^")]
+
+
+def _data_readers(graph_def) -> dict[str, list[tuple[object, int]]]:
+    """Node name -> (node, input slot) of every data input reading one of its outputs."""
+    readers: dict[str, list[tuple[object, int]]] = {}
+    for node in graph_def.node:
+        for slot, ref in enumerate(_data_inputs(node)):
+            readers.setdefault(ref.partition(":")[0], []).append((node, slot))
+    return readers
+
+
+def _control_inputs(node) -> frozenset[str]:
+    return frozenset(i[1:] for i in node.input if i.startswith("^"))
+
+
+def _merges(filter_grad, bias_grad) -> bool:
+    """The pass's conditions on a found pair, other than the control inputs."""
+    t = filter_grad.attr["T"].type
+    return (t in _MERGED_TYPES and bias_grad.attr["T"].type == t
+            and filter_grad.attr["padding"].s != b"EXPLICIT"   # not supported by the merged kernel
+            and (filter_grad.attr["data_format"].s or _DEFAULT_DATA_FORMAT)
+            == (bias_grad.attr["data_format"].s or _DEFAULT_DATA_FORMAT)
+            and filter_grad.device == bias_grad.device and runtime_merges(filter_grad.device))
+
+
+def filter_and_bias_grads(graph_def) -> tuple[tuple[str, str], ...]:
+    """The (Conv2DBackpropFilter, BiasAddGrad) pairs of ``graph_def`` that
+    TensorFlow's oneDNN pass merges into one kernel when it runs the graph.
+
+    The gradients of a convolution's filter and of the bias added to its
+    output both reduce the output's gradient ``G``; where the pass runs
+    (:func:`runtime_merges`) it computes them as one kernel,
+    ``_MklNativeConv2DBackpropFilterWithBias``, named as the filter gradient,
+    whose bias gradient sums ``G`` in another order than ``BiasAddGrad`` alone.
+    The pass merges a ``BiasAddGrad`` with the ``Conv2DBackpropFilter`` that
+    reads the same node's output as ``out_backprop`` if both are float or
+    bfloat16, the filter gradient's padding is not EXPLICIT, data formats and
+    devices agree, and -- the condition a schedule's control edges can break --
+    **their control inputs are the same set** (``CheckForNodeMerge``).  A bias
+    before a batch norm has a true gradient of zero, so all it gets is rounding
+    noise, which an optimizer such as RMSprop scales up to a full step: one
+    merge lost moved such a bias by 1.2e-4 of its norm in two epochs (issue #22).
+
+    Where a node's output feeds several filter or bias gradients, which one
+    the pass picks depends on its edge order, so such pairs are left out.
+
+    Example::
+
+        for filter_grad, bias_grad in filter_and_bias_grads(captured.graph_def):
+            ...
+    """
+    readers = _data_readers(graph_def)
+    pairs = []
+    for node in graph_def.node:
+        data = _data_inputs(node)
+        if node.op != FILTER_GRAD or len(data) <= FILTER_GRAD_OUT_BACKPROP:
+            continue
+        # The pass matches by the node that produces G, not by the output slot.
+        source = readers.get(data[FILTER_GRAD_OUT_BACKPROP].partition(":")[0], [])
+        filters = [n for n, slot in source if n.op == FILTER_GRAD
+                   and slot == FILTER_GRAD_OUT_BACKPROP]
+        biases = [n for n, slot in source if n.op == BIAS_GRAD and slot == BIAS_GRAD_OUT_BACKPROP]
+        if len(filters) != 1 or len(biases) != 1 or not _merges(node, biases[0]) \
+                or _control_inputs(node) != _control_inputs(biases[0]):
+            continue
+        pairs.append((node.name, biases[0].name))
+    return tuple(pairs)
+
+
+PAD = "Pad"
+# The convolutions the pass merges a Pad into (GetPadOrConv2D, GetPadOrFusedConv2D),
+# and the formats the merged kernel takes for the fused one.
+PADDED_CONVS = frozenset({"Conv2D", "_FusedConv2D"})
+_FUSED_DATA_FORMATS = frozenset({b"NHWC", b"NCHW"})
+_FUSED_FILTER_FORMATS = frozenset({b"HWIO", b"OIHW"})
+_DEFAULT_FILTER_FORMAT = b"HWIO"
+
+
+def _pad_merges(pad, conv) -> bool:
+    """The pass's conditions on a Pad feeding a convolution, other than the
+    control inputs (MergePadWithConv2D and the two lookups)."""
+    if conv.attr["padding"].s != b"VALID":      # the merged kernel pads, then convolves VALID
+        return False
+    if conv.op == "Conv2D":
+        shapes_ok = pad.attr["T"].type in _MERGED_TYPES
+    else:
+        shapes_ok = ((conv.attr["data_format"].s or _DEFAULT_DATA_FORMAT) in _FUSED_DATA_FORMATS
+                     and (conv.attr["filter_format"].s or _DEFAULT_FILTER_FORMAT)
+                     in _FUSED_FILTER_FORMATS
+                     and conv.attr["num_host_args"].i == 0)
+    return (shapes_ok and pad.attr["T"].type == conv.attr["T"].type
+            and pad.device == conv.device and runtime_merges(conv.device))
+
+
+def pads_into_convs(graph_def) -> tuple[tuple[str, str], ...]:
+    """The (Pad, convolution) pairs of ``graph_def`` that TensorFlow's oneDNN
+    pass merges into one kernel (``_MklNativePadWithConv2D``,
+    ``_MklNativePadWithFusedConv2D``, named as the convolution).
+
+    A ``Pad`` whose output only a VALID ``Conv2D`` or ``_FusedConv2D`` reads,
+    as its input, on the same device and with the same element type; and, as
+    for :func:`filter_and_bias_grads`, **the same control inputs**.  The
+    padded tensor is never made.  In a training step the filter gradient
+    reads the padded tensor too, so these merge in inference steps
+    (``predict``, ``evaluate``): Keras's ZeroPadding2D before a VALID
+    convolution, as in ResNet-50's first layer.  The merged node keeps the
+    Pad's outgoing control edges, so a schedule chain edge from the Pad to an
+    op that the convolution waits for makes a cycle (the step fails to run:
+    "nodes in a cycle"), which :mod:`tfswap.tf.rewrite` avoids.
+
+    Example::
+
+        for pad, conv in pads_into_convs(captured.graph_def):
+            ...
+    """
+    readers = _data_readers(graph_def)
+    pairs = []
+    for node in graph_def.node:
+        if node.op != PAD:
+            continue
+        read = readers.get(node.name, [])
+        if len(read) != 1 or read[0][1] != 0 or read[0][0].op not in PADDED_CONVS:
+            continue
+        conv = read[0][0]
+        if _pad_merges(node, conv) and _control_inputs(node) == _control_inputs(conv):
+            pairs.append((node.name, conv.name))
+    return tuple(pairs)

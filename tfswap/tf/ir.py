@@ -12,6 +12,12 @@ strings and variants are marked unswappable.
   forwarding as it happened), from views (Reshape, Identity, ...) otherwise;
   every read of one variable shares that variable's buffer;
 * **kinds and phases** by reachability (:func:`tfswap.core.kinds.classify`);
+* **merged pairs**: where TensorFlow's oneDNN pass merges two ops into the
+  one kernel the unmodified step runs, every schedule leaves the rewrite free
+  to keep them one (:mod:`tfswap.tf.rewrite`): a bias gradient merged with a
+  filter gradient (:func:`tfswap.tf.grappler.filter_and_bias_grads`) runs
+  after it, and the output of a Pad merged into a convolution
+  (:func:`tfswap.tf.grappler.pads_into_convs`) is not swappable;
 * **reduction**: bookkeeping nodes fold into the first op they feed, so the
   planner sees only what costs time or memory.  Folded are shape-only ops
   (Shape, ShapeN, Size, Rank, VariableShape, BroadcastGradientArgs), NoOps,
@@ -47,6 +53,7 @@ from tfswap.core import kinds as kinds_mod
 from tfswap.core import liveness
 from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.profile import Profile
+from tfswap.tf import grappler
 from tfswap.tf.capture import CapturedFunction, same_device
 from tfswap.tf.shapes import import_with_shapes
 
@@ -199,6 +206,40 @@ class LoweredGraph:
         for at, nbytes in liveness.variable_copies(self.graph, schedule, self.updates):
             curve[at:] += nbytes
         return int(curve.max()) - read_bytes + self.variable_bytes if len(curve) else 0
+
+
+def _after_merged_filter_grads(ops: list[Op], graph_def) -> list[Op]:
+    """Make each bias gradient that TensorFlow merges with a filter gradient
+    wait for it.
+
+    At run time the two are one kernel, named as the filter gradient (whose
+    profile then carries the time of both), and the rewrite can keep them one
+    kernel only where the bias gradient is scheduled after the filter gradient
+    (:func:`tfswap.tf.rewrite.rewrite`).  The edge costs a schedule that runs
+    the bias gradient right after the filter gradient nothing (TF's order
+    does): it reads only what the filter gradient reads, and its output is one
+    value per channel.
+    """
+    names = {op.name for op in ops}
+    after = {bias: filt for filt, bias in grappler.filter_and_bias_grads(graph_def)
+             if filt in names and bias in names}
+    return [replace(op, control_inputs=op.control_inputs + (after[op.name],))
+            if op.name in after and after[op.name] not in op.control_inputs else op
+            for op in ops]
+
+
+def _keep_padded_tensors(tensors: list[Tensor], graph_def) -> list[Tensor]:
+    """Make the output of each Pad that TensorFlow merges into a convolution
+    unswappable.
+
+    The merged kernel never makes the padded tensor; a swap of it would add a
+    reader (the SwapOut), and TensorFlow merges a Pad only into the sole
+    reader of its output, so the step would compute differently.  The model
+    still counts the padded tensor from the Pad to the convolution, where the
+    merged kernel holds the Pad's input, which is no larger.
+    """
+    padded = {f"{pad}:0" for pad, _ in grappler.pads_into_convs(graph_def)}
+    return [replace(t, swappable=False) if t.name in padded else t for t in tensors]
 
 
 def _hold_saved_state(ops: list[Op], tensors: list[Tensor]) -> list[Tensor]:
@@ -478,6 +519,8 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
     tf_graph = _import(captured)
     needed = _needed(tf_graph, captured)
     ops, tensors = _plain_graph(tf_graph, needed)
+    ops = _after_merged_filter_grads(ops, captured.graph_def)
+    tensors = _keep_padded_tensors(tensors, captured.graph_def)
     unprofiled = []
     if profile is not None:
         timed = []

@@ -26,6 +26,23 @@ Consecutive ops of the schedule are chained with control edges so the
 executor runs them in the planned order.  The function never mutates its
 input.
 
+Exceptions to the chain keep the step running, and computing, what the
+unmodified one does where TensorFlow's oneDNN pass merges two ops into one
+kernel when it instantiates the step (on CPU; :mod:`tfswap.tf.grappler`).  It
+merges only ops with the same control inputs, so a chain edge of one alone
+keeps them apart, and then the step computes differently (a convolution's
+filter and bias gradients, :func:`~tfswap.tf.grappler.filter_and_bias_grads`);
+and the merged node keeps the outgoing edges of both, so a chain edge out of
+the first that leads to the second is a cycle (a Pad and the VALID
+convolution reading it, :func:`~tfswap.tf.grappler.pads_into_convs`).  So
+one op of each pair the unmodified step merges, the rider, leaves the chain
+and takes the control inputs of the other, its anchor, and runs with it: a
+bias gradient with its filter gradient, which the planner schedules before
+it (:mod:`tfswap.tf.ir` orders them so), reading the copy of the output
+gradient the filter gradient reads; a Pad with its convolution.  A swap the
+plan triggers after a rider is triggered after the op the chain runs before
+the rider's place instead (see :func:`_stand_ins`).
+
 Example::
 
     rewritten = rewrite(captured, plan, device="/device:CPU:0", host="/device:CPU:1")
@@ -44,6 +61,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
 from tfswap import ops
 from tfswap.core.plan import Plan
+from tfswap.tf import grappler
 from tfswap.tf.capture import CapturedFunction, local_device, same_device
 from tfswap.tf.ir import VARIABLE_READERS
 
@@ -331,6 +349,67 @@ def _copy_node(graph_def, nodes: dict, name: str, op: str, device: str, source: 
     return node
 
 
+def _riders(captured: CapturedFunction, plan: Plan, position: dict) -> dict[str, str]:
+    """Rider -> its anchor, for the pairs TensorFlow merges in the captured step
+    (so the unmodified step runs each as one kernel).
+
+    A bias gradient rides with its filter gradient where the plan schedules it
+    after the filter gradient: it reads nothing the filter gradient does not,
+    and everything reading its output is scheduled later still.  Scheduled
+    before, the merged kernel would come after ops the plan put between them
+    that read the bias gradient or wait for it, so the pair runs apart (plans
+    from ``tfswap.optimize`` never do that; a hand plan can).  A Pad rides
+    with its convolution, the only reader of its output, unless the plan
+    swaps that output (a SwapOut reads it too, so TensorFlow merges nothing);
+    the merged kernel holds the Pad's input instead of the padded tensor,
+    which is no smaller, so memory stays within the plan's.
+    """
+    riders = {bias: filt for filt, bias in grappler.filter_and_bias_grads(captured.graph_def)
+              if filt in position and bias in position and position[filt] < position[bias]}
+    swapped = {split_tensor_name(swap.tensor)[0] for swap in plan.swaps}
+    riders.update({pad: conv for pad, conv in grappler.pads_into_convs(captured.graph_def)
+                   if pad in position and conv in position and pad not in swapped})
+    return riders
+
+
+def _stand_ins(schedule, nodes: dict, riders: dict) -> dict[str, str]:
+    """Rider -> the op the chain runs just before the rider's place in the
+    schedule ("" where none does: what waits for it may start with the step).
+
+    What the plan triggers after a rider (a swap-out, a swap-in, a drop) is
+    triggered after this op instead.  After the rider itself, a swap-in would
+    start before the plan has freed its memory where the rider runs earlier
+    than planned (a bias gradient, with its filter gradient), and where it runs
+    later (a Pad, with its convolution) it would hold back a swap-in that an op
+    scheduled before the convolution reads: a cycle.  Here, a swap-in finds
+    the memory the plan gave it: what a bias gradient's last read would free,
+    the merged kernel has freed already, and the merged convolution never
+    makes the padded tensor that the Pad would have added.
+    """
+    stand_in, previous = {}, ""
+    for op in schedule:
+        if op in riders:
+            stand_in[op] = previous
+        elif nodes[op].input:       # what the chain orders (see the schedule chain)
+            previous = op
+    return stand_in
+
+
+def _ride_with(nodes: dict, rider: str, anchor: str) -> None:
+    """Give ``rider`` the control inputs of ``anchor`` so that TensorFlow's oneDNN
+    pass merges them as in the unmodified step; a bias gradient also reads the
+    copy of the output gradient its filter gradient reads (a plan may have
+    swapped it in for one of them only, and the pass merges only readers of
+    one node)."""
+    rider_node, anchor_node = nodes[rider], nodes[anchor]
+    data = [i for i in rider_node.input if not i.startswith("^")]
+    if rider_node.op == grappler.BIAS_GRAD:
+        anchor_data = [i for i in anchor_node.input if not i.startswith("^")]
+        data[grappler.BIAS_GRAD_OUT_BACKPROP] = anchor_data[grappler.FILTER_GRAD_OUT_BACKPROP]
+    del rider_node.input[:]
+    rider_node.input.extend(data + [i for i in anchor_node.input if i.startswith("^")])
+
+
 def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
             emulated_link_bytes_per_s: float | None = None,
             ordered_copies: bool = False) -> RewrittenGraph:
@@ -359,6 +438,11 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
     graph_def.CopyFrom(captured.graph_def)
     nodes = {n.name: n for n in graph_def.node}
     position = _check_schedule(plan, nodes)
+    riders = _riders(captured, plan, position)
+    stand_in = _stand_ins(plan.schedule, nodes, riders)
+
+    def trigger(op: str) -> str:
+        return stand_in.get(op, op)
 
     reference = tf.Graph()
     with reference.as_default():
@@ -412,7 +496,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
             if not _orders(nodes, swap.out_after):
                 raise RewriteError(f"swap {swap.id!r}: {swap.kind} after {swap.out_after!r}, "
                                    "which is not an op of the step")
-            swap_out_name[swap.id] = swap.out_after
+            swap_out_name[swap.id] = trigger(swap.out_after)
             continue
         if producer not in nodes:
             raise RewriteError(f"swap {swap.id!r}: tensor {swap.tensor!r} has no producer in the graph")
@@ -456,12 +540,13 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
             source, out_name = _input_ref(producer, index), ""
         else:
             out_node = _copy_node(graph_def, nodes, out_name, SWAP_OUT_OP, swap_out_device,
-                                  _input_ref(*held[-1]), swap.out_after, dtype_attr, shapes, link)
+                                  _input_ref(*held[-1]), trigger(swap.out_after), dtype_attr,
+                                  shapes, link)
             source = out_name
             swap_out_name[swap.id] = out_name
             swap_out_node[swap.id] = out_node
         in_node = _copy_node(graph_def, nodes, in_name, SWAP_IN_OP, device, source,
-                             swap.in_after, dtype_attr, shapes, link)
+                             trigger(swap.in_after), dtype_attr, shapes, link)
         swap_in_node[swap.id] = in_node
         swap_nodes.append((k, SwapNodes(swap.id, swap.tensor, out_name, in_name)))
 
@@ -484,9 +569,12 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
 
     for swap in plan.swaps:  # after the loop: a swap may wait for a later-listed one
         if swap.id in swap_in_node:
-            swap_in_node[swap.id].input.extend("^" + swap_out_name[w] for w in swap.in_wait_for)
+            # (a drop after a rider that nothing chained precedes names "": nothing to wait for)
+            swap_in_node[swap.id].input.extend("^" + swap_out_name[w] for w in swap.in_wait_for
+                                               if swap_out_name[w])
         for op in swap.out_before:
-            if swap.id in swap_out_name and _orders(nodes, op) and op != swap_out_name[swap.id]:
+            if swap_out_name.get(swap.id) and _orders(nodes, op) \
+                    and op != swap_out_name[swap.id]:
                 nodes[op].input.append("^" + swap_out_name[swap.id])
 
     for node in graph_def.node:
@@ -498,14 +586,21 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
     _write_back_host_updates(graph_def, captured, device, link)
 
     # The schedule chain.  Source ops (no inputs: placeholders, constants)
-    # cost nothing and are left free.
+    # cost nothing and are left free.  Riders stay out of it: each takes its
+    # anchor's control inputs once those are final, in place of any edge it
+    # got above as an ``out_before`` op (a bias gradient's output, one value
+    # per channel, is no memory worth waiting for; a Pad's is never made).
     previous = None
     for op in plan.schedule:
         node = nodes[op]
+        if op in riders:
+            continue
         if previous is not None and node.input and previous not in _predecessors(node):
             node.input.append("^" + previous)
         if node.input:
             previous = op
+    for rider, anchor in riders.items():
+        _ride_with(nodes, rider, anchor)
 
     topological_order(graph_def)  # raises on a cycle
     return RewrittenGraph(graph_def, tuple(n for _, n in sorted(swap_nodes, key=lambda e: e[0])),
