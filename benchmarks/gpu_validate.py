@@ -200,7 +200,8 @@ def same_training(reference, candidate, variables, batch, steps: int = 3):
 def same_as_reference(reference, step, fast, steps: int = 3):
     """(bit-identical, worst relative difference) of ``steps`` steps of ``reference``'s
     own function on its variables and of ``fast`` on ``step``'s, the same model
-    built twice from one seed (model weights and optimizer state compared)."""
+    built twice (model weights and optimizer state compared), both starting from
+    ``step``'s current values."""
     import numpy as np
 
     from tests.tf.equality import worst_relative_difference
@@ -209,6 +210,9 @@ def same_as_reference(reference, step, fast, steps: int = 3):
         return [v.numpy() for v in list(s.model.weights) + list(s.optimizer.variables)]
 
     saved = state(step)
+    everything = list(reference.model.weights) + list(reference.optimizer.variables)
+    for v, value in zip(everything, saved):   # from the planned model's current state
+        v.assign(value)
     try:
         ref_losses = [float(reference.concrete_fn(*reference.batch)["loss"]) for _ in range(steps)]
         losses = [float(fast(*step.batch)["loss"]) for _ in range(steps)]

@@ -60,6 +60,19 @@ class OptimizedFunction:
     measured_on: str | None = None   # what measured_peak_bytes is: the device and the method
     relocation: Any = None   # the user's variables this call moved to host memory, if any
 
+    def parameter_traffic(self) -> tuple:
+        """Per variable in host memory, what one step fetches and writes back, the most
+        bytes first (:class:`tfswap.tf.homes.Traffic`); empty when none is there.
+
+        Example::
+
+            for row in fast.parameter_traffic()[:5]:
+                print(row.describe())
+        """
+        from tfswap.tf import homes
+
+        return homes.traffic(self.captured, self.plan, self.lowered.writebacks)
+
     def restore_parameters(self) -> None:
         """Put the variables this call moved to host memory back on the device (values
         kept); this function must not be called afterwards.
@@ -229,8 +242,12 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
         notes += (f"not verified: {_unverified_reason(prepared)}; the peak is the memory "
                   "model's prediction",)
     if prepared.captured.host_homed:
-        notes += (parameters_text(planned.plan, planned.attempt.step.lowered,
-                                  len(prepared.captured.host_homed)),)
+        from tfswap.tf import homes
+
+        lowered = planned.attempt.step.lowered
+        rows = homes.traffic(prepared.captured, planned.plan, lowered.writebacks)
+        notes += (parameters_text(planned.plan, lowered, len(prepared.captured.host_homed)),)
+        notes += tuple(f"  most moved: {row.describe()}" for row in rows[:3])
     return OptimizedFunction(
         plan=planned.plan, captured=prepared.captured, lowered=planned.attempt.step.lowered,
         rewritten=made.rewritten, bound=made.bound, spec=prepared.spec,

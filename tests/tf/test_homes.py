@@ -62,6 +62,12 @@ def test_a_quarter_of_the_device_homed_peak_trains_exactly_with_parameters_on_th
                            inputs=step.batch)
     assert fast.relocation is not None and "to host memory" in fast.report()
     assert "in host memory; each step fetches" in fast.report()
+    assert "most moved:" in fast.report()
+    rows = fast.parameter_traffic()
+    assert sum(r.written_back_bytes for r in rows) == sum(fast.lowered.writebacks.values())
+    assert sum(r.fetched_bytes for r in rows) == sum(
+        s.bytes for s in fast.plan.swaps if s.kind == "prefetch")
+    assert rows[0].fetches >= 1 and rows[0].written_back_bytes == rows[0].nbytes
     # "auto" moves what the plan could swap (variables under the small-pool
     # threshold, never swapped, stay): here nearly every byte.
     moved = {id(m.variable) for m in fast.relocation.moved}

@@ -269,5 +269,51 @@ def _after(nodes: dict, later: str, earlier: str) -> bool:
     return False
 
 
-__all__ = ["IN_PLACE_UPDATES", "Moved", "Relocation", "chosen", "movable", "move_to_host",
+@dataclass(frozen=True)
+class Traffic:
+    """What one host-homed variable moves in a step of a plan."""
+
+    variable: str
+    nbytes: int
+    fetches: int              # prefetch swaps of its values
+    fetched_bytes: int
+    written_back_bytes: int   # new values copied to the host
+
+    def describe(self) -> str:
+        return (f"{self.variable} ({self.nbytes} B): fetched {self.fetches}x "
+                f"({self.fetched_bytes} B), {self.written_back_bytes} B written back")
+
+
+def traffic(captured: CapturedFunction, plan, writebacks: dict) -> tuple[Traffic, ...]:
+    """Per host-homed variable of ``captured``, what ``plan`` fetches and what its
+    updates (``writebacks``: op -> bytes, :class:`tfswap.tf.ir.LoweredGraph`) copy
+    back in one step, the most bytes first."""
+    variables = {c.name.partition(":")[0]: c.variable for c in captured.captures
+                 if c.host_homed}
+    nodes = {n.name: n for n in captured.graph_def.node}
+
+    def variable_of(op: str):
+        node = nodes.get(op)
+        data = [i for i in node.input if not i.startswith("^")] if node is not None else []
+        return variables.get(data[0].partition(":")[0]) if data else None
+
+    moved: dict = {}
+    for swap in plan.swaps:
+        variable = variable_of(swap.tensor.partition(":")[0]) if swap.kind == "prefetch" \
+            else None
+        if variable is not None:
+            row = moved.setdefault(id(variable), [variable, 0, 0, 0])
+            row[1] += 1
+            row[2] += swap.bytes
+    for op, nbytes in writebacks.items():
+        variable = variable_of(op)
+        if variable is not None:
+            moved.setdefault(id(variable), [variable, 0, 0, 0])[3] += nbytes
+    rows = [Traffic(v.name.partition(":")[0], _nbytes(v), n, f, b) for v, n, f, b in
+            moved.values()]
+    return tuple(sorted(rows, key=lambda r: (-(r.fetched_bytes + r.written_back_bytes),
+                                             r.variable)))
+
+
+__all__ = ["IN_PLACE_UPDATES", "Traffic", "traffic", "Moved", "Relocation", "chosen", "movable", "move_to_host",
            "rehomed", "updates_on_device"]
