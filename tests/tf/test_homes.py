@@ -189,6 +189,13 @@ def test_keras_fit_with_parameters_on_the_host_is_plain_fit(tmp_path):
     np.testing.assert_array_equal(swapped.predict(x, verbose=0), plain.predict(x, verbose=0))
     assert swapped.fit(x, y, **dict(fit, epochs=1)).history == \
         plain.fit(x, y, **dict(fit, epochs=1)).history
+    checkpoint = tf.train.Checkpoint(model=swapped)
+    path = checkpoint.save(tmp_path / "ckpt")
+    trained = swapped.get_weights()
+    swapped.set_weights([np.zeros_like(w) for w in trained])
+    checkpoint.restore(path)
+    for a, b in zip(trained, swapped.get_weights()):
+        np.testing.assert_array_equal(b, a)
     swapped.save(tmp_path / "mlp.keras")
     for a, b in zip(plain.get_weights(), keras.models.load_model(tmp_path / "mlp.keras")
                     .get_weights()):
