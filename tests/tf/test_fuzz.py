@@ -2,8 +2,11 @@
 
 from research import fuzz
 
-# Seeds whose random budget forces swaps (see the fuzz run in benchmarks/RESULTS.md).
-SEEDS = (3, 4, 5, 15, 16)
+# Seeds whose random budget forced swaps in each of 3 runs of fuzz.check over seeds
+# 1-40 (2026-11-24, after capture let Grappler see the step's shapes: seed 3 then
+# fitted unmodified in 1 run of 3, and seed 16's traced order left no budget to draw
+# in 2 of 3, so they were replaced by 7 and 20).
+SEEDS = (4, 5, 7, 15, 20)
 
 
 def test_random_steps_are_reproducible_from_their_seed():
