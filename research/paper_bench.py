@@ -5,7 +5,9 @@ For a lowered graph and a memory budget, :func:`compare` runs every policy of
 (:func:`tfswap.core.search.plan`, a fixed number of generations so the result
 does not depend on the machine's speed) and returns one :class:`Outcome` per
 policy: simulated step time, samples per second, throughput relative to
-ideal, or why it does not fit.  :func:`fig6` loops over models and batch
+ideal, or why it does not fit (or, for a planner that cannot express the
+problem, such as a baseline given host-homed parameters, that it is
+unsupported).  :func:`fig6` loops over models and batch
 sizes and writes a CSV, a Markdown table and a bar chart;
 :func:`max_batch` finds the largest batch each policy runs within the budget
 at no more than a given slowdown over ideal.  ``benchmarks/paper_fig6.py``,
@@ -19,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import csv
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,13 +37,15 @@ TFSWAP = "tfswap"
 # also tries the byte-cap planner (SearchConfig.byte_planner).
 SWAPADVISOR = "swapadvisor"
 SEARCHES = (SWAPADVISOR, TFSWAP)   # registry planners that take a SearchConfig
+UNSUPPORTED = "unsupported: "      # Outcome.note of a planner that cannot express the problem
 POLICIES = planners.BASELINE_NAMES + SEARCHES
 
 
 @dataclass(frozen=True)
 class Outcome:
     """One policy on one model and batch (seconds, bytes); ``step_time_s`` None: it does
-    not fit (``note`` says why)."""
+    not fit, or the planner cannot express the problem (``note`` says which and why:
+    "does not fit: ..." or "unsupported: ...")."""
     model: str
     batch: int
     policy: str
@@ -51,6 +56,11 @@ class Outcome:
     swapped_bytes: int | None
     plan_seconds: float
     note: str = ""
+
+    @property
+    def unsupported(self) -> bool:
+        """The planner cannot express this problem (not the same as not fitting)."""
+        return self.note.startswith(UNSUPPORTED)
 
     @property
     def samples_per_s(self) -> float | None:
@@ -74,7 +84,10 @@ def compare(problem, model: str, batch: int, budget_bytes: int, spec, *,
     (:mod:`tfswap.core.layout`).
     """
     spec = device_spec(spec) if isinstance(spec, str) else spec
-    ideal_time = planners.run("ideal", problem, budget_bytes, spec).plan.prediction.ideal_time_s
+    # The ops back to back: the bound is the same wherever parameters start the step
+    # (the ideal baseline, like every baseline, refuses host-homed parameters).
+    on_device = dataclasses.replace(problem, params_start_on_host=False)
+    ideal_time = planners.run("ideal", on_device, budget_bytes, spec).plan.prediction.ideal_time_s
     config = SearchConfig(max_generations=generations, time_budget_s=None, workers=workers,
                           seed=seed)
     out = []
@@ -83,13 +96,15 @@ def compare(problem, model: str, batch: int, budget_bytes: int, spec, *,
         options = {"config": config} if name in SEARCHES else {"memory": memory}
         try:
             res = planners.run(name, problem, budget_bytes, spec, **options)
-        except Infeasible as err:
+        except (Infeasible, planners.UnsupportedProblem) as err:
+            why = "does not fit: " if isinstance(err, Infeasible) else UNSUPPORTED
             out.append(Outcome(model, batch, name, budget_bytes, ideal_time, None, None, None,
-                               time.monotonic() - t0, f"does not fit: {err}"[:300]))
+                               time.monotonic() - t0, f"{why}{err}"[:300]))
             continue
         p, note = res.plan, ""
         if res.search is not None:
-            note = (f"{p.planner}, pool {p.allocation.total_bytes} B, {res.search.generations} "
+            note = (f"{p.planner}, {res.search.config.pool_layout} pool "
+                    f"{p.allocation.total_bytes} B, {res.search.generations} "
                     f"generations, {res.search.evaluations} simulations")
         elif p.planner.startswith("baseline.tflms"):
             note = p.planner.removeprefix("baseline.")
@@ -122,7 +137,8 @@ def write_csv(outcomes: list[Outcome], path: Path) -> None:
 
 def markdown(outcomes: list[Outcome], policies=POLICIES) -> str:
     """One row per model and batch: ideal samples/s, then each policy's throughput
-    relative to ideal ("OOM": does not fit)."""
+    relative to ideal ("OOM": does not fit; "n/a": the planner cannot express the
+    problem)."""
     rows: dict[tuple[str, int], dict[str, Outcome]] = {}
     for o in outcomes:
         rows.setdefault((o.model, o.batch), {})[o.policy] = o
@@ -130,11 +146,10 @@ def markdown(outcomes: list[Outcome], policies=POLICIES) -> str:
         [p for p in policies if p != "ideal"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (model, batch), by in rows.items():
-        ideal = by.get("ideal")
+        ideal, first = by.get("ideal"), next(iter(by.values()))
         cells = [model, str(batch),
                  f"{ideal.peak_bytes / 1e9:.1f}" if ideal and ideal.peak_bytes else "?",
-                 f"{next(iter(by.values())).budget_bytes / 1e9:.1f}",
-                 f"{batch / ideal.step_time_s:.1f}" if ideal else "?"]
+                 f"{first.budget_bytes / 1e9:.1f}", f"{batch / first.ideal_time_s:.1f}"]
         best = max((o.relative for p, o in by.items() if p != "ideal" and o.relative), default=0)
         for p in policies:
             if p == "ideal":
@@ -143,7 +158,7 @@ def markdown(outcomes: list[Outcome], policies=POLICIES) -> str:
             if o is None:
                 cells.append("-")
             elif o.relative is None:
-                cells.append("OOM")
+                cells.append("n/a" if o.unsupported else "OOM")
             else:
                 text = f"{o.relative:.2f}"
                 cells.append(f"**{text}**" if o.relative == best else text)
@@ -181,6 +196,12 @@ def bar_chart(outcomes: list[Outcome], path: Path, policies=POLICIES) -> bool:
     return True
 
 
+def progress_cell(o: Outcome) -> str:
+    if o.relative is not None:
+        return f"{o.policy} {o.relative:.2f}"
+    return f"{o.policy} {'n/a' if o.unsupported else 'OOM'}"
+
+
 def fig6(models, *, spec: str = "v100-16g-pcie3", budget_bytes: int | None = None,
          generations: int = 10, workers: int = 1, out_dir: str | Path = "benchmarks/out",
          cache_dir: str | Path = ".bench_cache", memory: str = "live", batches=None,
@@ -208,8 +229,7 @@ def fig6(models, *, spec: str = "v100-16g-pcie3", budget_bytes: int | None = Non
             outcomes += rows
             if progress:
                 progress(f"{model} b{batch}: " + ", ".join(
-                    f"{o.policy} {o.relative:.2f}" if o.relative else f"{o.policy} OOM"
-                    for o in rows))
+                    progress_cell(o) for o in rows))
             write_csv(outcomes, out_dir / "fig6.csv")
             (out_dir / "fig6.md").write_text(markdown(outcomes, policies) + "\n")
             bar_chart(outcomes, out_dir / "fig6.png", policies)
@@ -244,7 +264,6 @@ def max_batch(model: str, *, spec: str = "v100-16g-pcie3", budget_bytes: int | N
                 alive.discard(o.policy)
         if progress:
             progress(f"{model} b{batch}: " + ", ".join(
-                f"{o.policy} {o.relative:.2f}" if o.relative else f"{o.policy} OOM"
-                for o in rows))
+                progress_cell(o) for o in rows))
         batch *= 2
     return best
