@@ -154,6 +154,24 @@ def _differential(fn_short, fn_long, extra: int, repeats: int = 5) -> float:
     return max(statistics.median(per), 1e-12)
 
 
+def _chain(device: str, start, op, result):
+    """``count`` -> a function that applies ``op`` ``count`` times in a row on
+    ``device``, from ``start``, and returns ``result`` of the last value (one
+    small read, so timing it times the chain)."""
+    import tensorflow as tf
+
+    def chain(count):
+        @tf.function(autograph=False)
+        def run():
+            with tf.device(device):
+                x = start
+                for _ in range(count):
+                    x = op(x)
+                return result(x)
+        return run
+    return chain
+
+
 def matmul_flops(device: str, n: int = 4096) -> float:
     """FLOP/s of a chain of float32 ``n`` x ``n`` matmuls (TensorFloat-32 where
     TensorFlow enables it, as for the user's own float32 kernels). GPU-only."""
@@ -161,17 +179,7 @@ def matmul_flops(device: str, n: int = 4096) -> float:
 
     with tf.device(device):
         a = tf.random.stateless_normal([n, n], seed=(0, 0)) / float(n) ** 0.5
-
-    def chain(count):
-        @tf.function(autograph=False)
-        def run():
-            with tf.device(device):
-                x = a
-                for _ in range(count):
-                    x = tf.matmul(x, a)
-                return tf.reduce_sum(x[:1, :1])
-        return run
-
+    chain = _chain(device, a, lambda x: tf.matmul(x, a), lambda x: tf.reduce_sum(x[:1, :1]))
     return 2.0 * n ** 3 / _differential(chain(4), chain(20), 16)
 
 
@@ -183,17 +191,7 @@ def memory_bandwidth(device: str, nbytes: int = 256 << 20) -> float:
 
     with tf.device(device):
         a = tf.zeros([nbytes // 4], tf.float32)
-
-    def chain(count):
-        @tf.function(autograph=False)
-        def run():
-            with tf.device(device):
-                x = a
-                for _ in range(count):
-                    x = tf.math.sin(x)
-                return x[0]
-        return run
-
+    chain = _chain(device, a, tf.math.sin, lambda x: x[0])
     return 2.0 * nbytes / _differential(chain(2), chain(10), 8)
 
 
