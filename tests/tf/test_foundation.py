@@ -3,6 +3,8 @@
 Every check compares the rewritten step against the unmodified function.
 """
 
+import dataclasses
+
 import pytest
 import tensorflow as tf
 
@@ -52,11 +54,15 @@ def test_rewritten_step_trains_like_the_users_function(planned):
 
 
 def test_measured_peak_drops_by_at_least_80_percent_of_predicted(planned):
-    """Both graphs measured the same way, one after the other in one process: the
-    transformer's unmodified peak moves by ~0.5 MB between processes (oneDNN's
-    per-process state), as much as a swap frees, so the baseline is not reused."""
+    """The prediction is the plan's schedule with and without its swaps, so the
+    baseline runs in that schedule too (the same control chain, no swaps). The
+    unmodified graph, free to run in any order, peaked anywhere from 11.20 to 12.37 MB
+    on the transformer from one process to the next, more than the swaps free
+    (1.96 MB: 2 of 5 runs failed); against the chained baseline the bytes freed matched
+    the prediction within 0.2 MB in 6 runs of 6."""
     step, captured, quick, rewritten = planned
-    before = measure.measure(captured, captured.graph_def, step.batch, runs=5)
+    chained = rewrite.rewrite(captured, dataclasses.replace(quick.plan, swaps=()), DEVICE, HOST)
+    before = measure.measure(captured, chained.graph_def, step.batch, runs=5)
     after = measure.measure(captured, rewritten.graph_def, step.batch, runs=5)
     freed = before.peak_bytes - after.peak_bytes
     print(f"\n{step.name}: device peak unmodified {before.peak_bytes} B, rewritten "
