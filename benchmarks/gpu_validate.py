@@ -177,12 +177,22 @@ def peak(fn, graph_def, batch, captured, device, method) -> tuple[int, str]:
     raise RuntimeError(f"this process cannot measure the peak of {device}")
 
 
+def _compared(ref_losses, losses, expected, got) -> tuple[bool, float]:
+    """(bit-identical, worst relative difference) of two runs' losses and states."""
+    import numpy as np
+
+    from tests.tf.equality import worst_relative_difference
+
+    exact = losses == ref_losses and all(np.array_equal(a, b) for a, b in zip(expected, got))
+    worst, _ = worst_relative_difference(expected, got)
+    worst = max([worst] + [abs(a - b) / max(1.0, abs(a)) for a, b in zip(ref_losses, losses)])
+    return bool(exact), float(worst)
+
+
 def same_training(reference, candidate, variables, batch, steps: int = 3):
     """(bit-identical, worst relative difference) of ``steps`` steps of each from the
     same variables (put back afterwards)."""
-    import numpy as np
-
-    from tests.tf.equality import run_steps, worst_relative_difference
+    from tests.tf.equality import run_steps
 
     initial = [v.numpy() for v in variables]
     try:
@@ -191,10 +201,7 @@ def same_training(reference, candidate, variables, batch, steps: int = 3):
     finally:
         for v, value in zip(variables, initial):
             v.assign(value)
-    exact = losses == ref_losses and all(np.array_equal(a, b) for a, b in zip(ref_vars, got_vars))
-    worst, _ = worst_relative_difference(ref_vars, got_vars, variables)
-    worst = max([worst] + [abs(a - b) / max(1.0, abs(a)) for a, b in zip(ref_losses, losses)])
-    return bool(exact), float(worst)
+    return _compared(ref_losses, losses, ref_vars, got_vars)
 
 
 def same_as_reference(reference, step, fast, steps: int = 3):
@@ -202,28 +209,21 @@ def same_as_reference(reference, step, fast, steps: int = 3):
     own function on its variables and of ``fast`` on ``step``'s, the same model
     built twice (model weights and optimizer state compared), both starting from
     ``step``'s current values."""
-    import numpy as np
+    def variables(s):
+        return list(s.model.weights) + list(s.optimizer.variables)
 
-    from tests.tf.equality import worst_relative_difference
-
-    def state(s):
-        return [v.numpy() for v in list(s.model.weights) + list(s.optimizer.variables)]
-
-    saved = state(step)
-    everything = list(reference.model.weights) + list(reference.optimizer.variables)
-    for v, value in zip(everything, saved):   # from the planned model's current state
+    saved = [v.numpy() for v in variables(step)]
+    for v, value in zip(variables(reference), saved):   # from the planned model's state
         v.assign(value)
     try:
         ref_losses = [float(reference.concrete_fn(*reference.batch)["loss"]) for _ in range(steps)]
         losses = [float(fast(*step.batch)["loss"]) for _ in range(steps)]
-        expected, got = state(reference), state(step)
+        expected = [v.numpy() for v in variables(reference)]
+        got = [v.numpy() for v in variables(step)]
     finally:
-        for v, value in zip(list(step.model.weights) + list(step.optimizer.variables), saved):
+        for v, value in zip(variables(step), saved):
             v.assign(value)
-    exact = losses == ref_losses and all(np.array_equal(a, b) for a, b in zip(expected, got))
-    worst, _ = worst_relative_difference(expected, got)
-    worst = max([worst] + [abs(a - b) / max(1.0, abs(a)) for a, b in zip(ref_losses, losses)])
-    return bool(exact), float(worst)
+    return _compared(ref_losses, losses, expected, got)
 
 
 def run_model(name: str, args) -> None:

@@ -288,7 +288,7 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
     (a different model, batch shape or TensorFlow version).
     """
     from tfswap.tf import capture as capture_mod
-    from tfswap.tf import ir, rewrite, runtime
+    from tfswap.tf import homes, ir, rewrite, runtime
 
     try:
         plan = Plan.load(path)
@@ -301,13 +301,9 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
                and c.name in set(plan.host_variables)]
     try:
         if to_move:   # the plan ran with these in host memory: put them there again
-            from tfswap.tf import homes
-
             relocation = homes.move_to_host([c.variable for c in to_move], host)
             captured = homes.rehomed(captured, relocation)
         if captured.host_homed:   # as optimize planned it (pipeline.place_parameters)
-            from tfswap.tf import homes
-
             captured, _ = homes.updates_on_device(captured, device)
         found = capture_mod.fingerprint(captured)
         if plan.graph_fingerprint and plan.graph_fingerprint != found:

@@ -305,9 +305,8 @@ def place_parameters(prepared: Prepared) -> Prepared:
     "host", and for "auto" after no plan fitted with the parameters on the
     device.  Undo with :func:`restore_parameters` if planning fails.
     """
-    mode = prepared.options.parameters
     picked = movable_parameters(prepared)
-    if mode == "device" or not picked:
+    if not picked:
         return prepared
     from tfswap.tf import homes
 
@@ -546,8 +545,7 @@ def first_attempt(prepared: Prepared) -> Attempt:
 def _attempt_at(prepared: Prepared, step: Lowered, layout: str, **changes) -> Attempt:
     usable, outside = planner_budget(prepared.budget_bytes, step.lowered,
                                      prepared.options.safety_margin)
-    cg = step.problem.compiled
-    pinned = int(cg.buf_bytes[(cg.buf_pinned & cg.buf_persistent).astype(bool)].sum())
+    pinned = step.problem.pinned_bytes
     # With "auto", optimize moves the parameters when no plan fits with them on
     # the device; when they alone exceed the budget, no search is needed to know.
     # ("device" goes on, to name the smallest budget that works.)
@@ -555,8 +553,7 @@ def _attempt_at(prepared: Prepared, step: Lowered, layout: str, **changes) -> At
         raise BudgetError(
             f"memory_budget {prepared.options.memory_budget!r} ({prepared.budget_bytes} bytes): "
             f"the parameters that stay on the device take {pinned} bytes, more than the "
-            f"{usable} bytes the plan may use. Pass parameters='auto' or 'host' to keep them "
-            f"in host memory between steps, or a budget well above {pinned} bytes.")
+            f"{usable} bytes the plan may use; pass a budget well above {pinned} bytes.")
     return Attempt(step, usable, outside, layout, **changes)
 
 
@@ -646,15 +643,15 @@ def minimum_budget(prepared: Prepared, attempt: Attempt) -> int:
     high = step.unconstrained.prediction.peak_bytes
     # The pool gives each size class the most objects one op uses at once, which
     # can exceed the unconstrained peak (parameters far larger than activations).
-    for _ in range(MINIMUM_SEARCH_DOUBLINGS):
+    for doubling in range(MINIMUM_SEARCH_DOUBLINGS + 1):
         try:
             need, _ = planners.fit_to_budget("tfswap.order", step.problem, prepared.spec,
                                              high=high)
             break
         except Infeasible:
+            if doubling == MINIMUM_SEARCH_DOUBLINGS:
+                raise
             high *= 2
-    else:
-        need, _ = planners.fit_to_budget("tfswap.order", step.problem, prepared.spec, high=high)
     # 5% headroom: the default schedule is TF's traced order, which varies from
     # run to run, and the bisection is for this run's order only.
     return int(1.05 * (need + attempt.outside_bytes) / (1.0 - prepared.options.safety_margin)) + 1
@@ -771,7 +768,7 @@ def working_set_text(problem: Problem) -> str:
     per_op = cg.op_working_set()
     k = int(np.argmax(per_op))
     op = problem.graph.ops[k]
-    pinned = int(cg.buf_bytes[(cg.buf_pinned & cg.buf_persistent).astype(bool)].sum())
+    pinned = problem.pinned_bytes
     small_peak = cg.small_pool_peak(cg.order_of(problem.schedule))
     return (f"op {op.name!r} ({op.type}) needs {int(per_op[k])} bytes at once for its inputs, "
             f"outputs and scratch, while the parameters that stay on the device take {pinned} "

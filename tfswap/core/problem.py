@@ -63,6 +63,12 @@ class Problem:
                    compiled)
 
     @property
+    def pinned_bytes(self) -> int:
+        """Bytes of the parameters that stay on the device for the whole step."""
+        cg = self.compiled
+        return int(cg.buf_bytes[(cg.buf_pinned & cg.buf_persistent).astype(bool)].sum())
+
+    @property
     def host_parameters(self) -> bool:
         """Whether some parameter starts the step in host memory and must be fetched."""
         cg = self.compiled

@@ -241,11 +241,9 @@ def _describe_handles(graph_def, captures) -> None:
     """Give each captured variable's placeholder the shape and dtype of the value
     behind its handle, as the function runtime gives its resource ``_Arg``.
 
-    Grappler's shape inference reads them: without them a variable's reads
-    have unknown shapes, and the arithmetic optimiser groups fewer additions
-    into AddN and removes fewer reshapes than it does in the user's function,
-    which then sums in another order (a BERT-style step's weights differed in
-    the last bits after three Adam steps).
+    :func:`tfswap.tf.grappler.optimize` builds from them the stand-in through
+    which Grappler infers the shapes of the variable's reads, as the function
+    runtime does (see ``_stand_in_for_arguments`` there).
     """
     described = {c.name.partition(":")[0]: c.variable for c in captures
                  if c.variable is not None}

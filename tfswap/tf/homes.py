@@ -213,10 +213,11 @@ def updates_on_device(captured: CapturedFunction, device: str) -> tuple[Captured
         data = [i.partition(":")[0] for i in node.input if not i.startswith("^")]
         if data and data[0] in handles:
             on_handle.setdefault(data[0], []).append(node)
-    consumers: dict[str, list] = {}
+    consumers: dict[str, list] = {}   # node -> (reader, slot) of its data readers
     for node in graph_def.node:
         for k, raw in enumerate(node.input):
-            consumers.setdefault(raw.lstrip("^"), []).append((node, k))
+            if not raw.startswith("^"):
+                consumers.setdefault(raw.partition(":")[0], []).append((node, k))
     made = {}
     for handle, sequence in on_handle.items():
         value = None   # the node whose output 0 is the variable's current value
@@ -242,8 +243,7 @@ def updates_on_device(captured: CapturedFunction, device: str) -> tuple[Captured
                 if later.op != "ReadVariableOp" or not _after(nodes, later.name, node.name):
                     break
                 for reader, slot in consumers.get(later.name, ()):
-                    if not reader.input[slot].startswith("^"):
-                        reader.input[slot] = new.name
+                    reader.input[slot] = new.name
             value = new.name
     return dataclasses.replace(captured, graph_def=graph_def), made
 

@@ -272,8 +272,8 @@ def _fetch_unplanned_host_reads(graph_def, nodes: dict, host_values, device: str
             _repoint(graph_def, nodes, reader, value, name, f"small_{k}")
 
 
-def _write_back_host_updates(graph_def, captured: CapturedFunction, device: str,
-                             link: float | None) -> None:
+def _write_back_host_updates(graph_def, captured: CapturedFunction, reference: tf.Graph,
+                             device: str, link: float | None) -> None:
     """Give each update of a host-homed variable (it runs on the host, where the
     variable lives) the device values it reads through a SwapOut.
 
@@ -281,6 +281,7 @@ def _write_back_host_updates(graph_def, captured: CapturedFunction, device: str,
     instead of one TensorFlow makes behind the plan's back when the update
     runs (on the emulated device such a copy is free and unmeasured).
     ``tfswap.tf.ir.lower`` lists the same bytes as the update's writebacks.
+    ``reference``: the captured graph imported, for the values' dtypes.
     """
     handles = {c.name.partition(":")[0] for c in captured.captures if c.host_homed}
     if not handles:
@@ -294,15 +295,19 @@ def _write_back_host_updates(graph_def, captured: CapturedFunction, device: str,
         for slot, raw in enumerate(node.input):
             if raw.startswith("^") or raw.partition(":")[0] in handles:
                 continue
-            producer = nodes[split_tensor_name(raw)[0]]
+            op, index = split_tensor_name(raw)
+            producer = nodes[op]
             if not same_device(producer.device, device):
                 continue
             if raw not in made:
                 name = f"{SWAP_SCOPE}/write_back_{len(made)}"
                 out = graph_def.node.add(name=name, op=SWAP_OUT_OP, device=device)
                 out.input.append(raw)
-                out.attr["T"].CopyFrom(node.attr["dtype"] if "dtype" in node.attr
-                                       else node.attr["T"])
+                try:   # a value of the captured graph
+                    out.attr["T"].type = \
+                        reference.get_tensor_by_name(f"{op}:{index}").dtype.as_datatype_enum
+                except KeyError:   # a copy the rewrite made (a SwapIn, a cloned view)
+                    out.attr["T"].CopyFrom(producer.attr["T"])
                 if link is not None:
                     out.attr["link_bytes_per_s"].f = link
                 made[raw] = name
@@ -583,7 +588,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
     small = plan.allocation.small_threshold_bytes if plan.allocation is not None else 0
     _fetch_unplanned_host_reads(graph_def, nodes, host_values, device, small, link)
     _check_host_reads(graph_def, nodes, host_values, device)
-    _write_back_host_updates(graph_def, captured, device, link)
+    _write_back_host_updates(graph_def, captured, reference, device, link)
 
     # The schedule chain.  Source ops (no inputs: placeholders, constants)
     # cost nothing and are left free.  Riders stay out of it: each takes its
