@@ -43,12 +43,8 @@ Writes the CSV (``--out``; columns :data:`COLUMNS`) after each model, and beside
 """
 
 import argparse
-import csv
 import gc
-import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -56,11 +52,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from trials import emit, read_rows, run_child, step_time, sync, write_rows  # noqa: E402
 
 COLUMNS = ("model", "batch", "fraction", "budget_bytes", "predicted_peak_bytes",
            "measured_peak_bytes", "predicted_step_s", "measured_step_s", "unmodified_step_s",
            "identical", "plan_s")
-ROW_MARK = "GPU_VALIDATE_ROW "
 
 
 def _zoo(builder, **sizes):
@@ -136,34 +134,6 @@ def parse_args(argv=None):
 
 # ---------------------------------------------------------------- the child: one model
 
-def _sync(outputs) -> None:
-    import tensorflow as tf
-
-    for t in tf.nest.flatten(outputs):
-        if isinstance(t, tf.Tensor):
-            tf.reduce_sum(tf.reshape(t, [-1])[:1]).numpy()
-
-
-def step_time(fn, batch, variables, steps: int, repeats: int) -> float:
-    """Median seconds per step over ``repeats`` timings of ``steps`` consecutive steps
-    (one scalar read at the end of each), after one untimed step; variables put back."""
-    saved = [v.numpy() for v in variables]
-    try:
-        _sync(fn(*batch))
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            out = None
-            for _ in range(steps):
-                out = fn(*batch)
-            _sync(out)
-            times.append((time.perf_counter() - start) / steps)
-    finally:
-        for v, value in zip(variables, saved):
-            v.assign(value)
-    return float(statistics.median(times))
-
-
 def peak(fn, graph_def, batch, captured, device, method) -> tuple[int, str]:
     """(measured device peak, how)."""
     from tfswap.tf import measure
@@ -227,7 +197,7 @@ def same_as_reference(reference, step, fast, steps: int = 3):
 
 
 def run_model(name: str, args) -> None:
-    """Measure every row of ``name`` and print each as one ROW_MARK line of JSON."""
+    """Measure every row of ``name`` and emit each for the parent (trials.emit)."""
     if args.emulated:
         from tfswap.tf import emulate
 
@@ -260,7 +230,7 @@ def run_model(name: str, args) -> None:
 
     step = build()
     captured = capture.capture(step.concrete_fn, device=device)
-    _sync(step.concrete_fn(*step.batch))   # traced, and (GPU) autotuned once
+    sync(step.concrete_fn(*step.batch))   # traced, and (GPU) autotuned once
     base_peak, base_how = peak(step.concrete_fn, captured.graph_def, step.batch, captured,
                                device, method)
     base_time = step_time(step.concrete_fn, step.batch, captured.variables, **timing)
@@ -319,46 +289,20 @@ def run_model(name: str, args) -> None:
         except Exception as err:   # one row's failure (BudgetError, OOM) is a result
             row["error"] = f"{type(err).__name__}: {err}"[:2000]
             row["traceback"] = traceback.format_exc()[-4000:]
-        print(ROW_MARK + json.dumps(row, default=str), flush=True)
+        emit(row)
         del fast
         gc.collect()
 
 
 # ---------------------------------------------------------------- the parent
 
-def _cell(row, column):
-    value = row.get(column)
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
-
-
 def write(rows, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(COLUMNS)
-        for row in rows:
-            writer.writerow([_cell(row, c) for c in COLUMNS])
-    with out.with_suffix(".jsonl").open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row, default=str) + "\n")
+    write_rows(rows, out, COLUMNS)
 
 
 def merge(paths, out: Path) -> None:
     """Concatenate the rows (and the .jsonl details) of CSVs written by this script."""
-    rows = []
-    for path in map(Path, paths):
-        details = path.with_suffix(".jsonl")
-        if details.exists():
-            rows += [json.loads(line) for line in details.read_text().splitlines() if line]
-            continue
-        with path.open() as f:
-            rows += list(csv.DictReader(f))
+    rows = [row for path in paths for row in read_rows(Path(path))]
     write(rows, out)
     print(f"wrote {out} ({len(rows)} rows)")
 
@@ -396,24 +340,7 @@ def main(argv=None):
     for name in args.models:
         started = time.perf_counter()
         cmd = [sys.executable, str(Path(__file__).resolve()), *passed, "--child", name]
-        with log.open("a") as err:
-            err.write(f"==== {name}: {' '.join(cmd)}\n")
-            err.flush()
-            try:
-                done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                      env=env, cwd=str(ROOT), timeout=args.timeout_s)
-                stdout, failure = done.stdout, (f"exit status {done.returncode}"
-                                                if done.returncode else None)
-            except subprocess.TimeoutExpired as timeout:
-                stdout = timeout.stdout.decode() if isinstance(timeout.stdout, bytes) else \
-                    (timeout.stdout or "")
-                failure = f"timed out after {args.timeout_s} s"
-        mine = []
-        for line in stdout.splitlines():
-            if line.startswith(ROW_MARK):
-                mine.append(json.loads(line[len(ROW_MARK):]))
-            else:
-                print(line, flush=True)
+        mine, failure = run_child(cmd, env, log, args.timeout_s, cwd=str(ROOT))
         if failure and not mine:
             mine.append(dict(model=name, error=f"the model's subprocess failed: {failure} "
                                                 f"(see {log.name})"))

@@ -81,3 +81,70 @@ def test_gpu_validate_moves_parameters_that_do_not_fit_and_compares_with_a_twin(
     assert row["moved_bytes"] > 0 and row["identical"] is True
     assert row["identical_to_captured_graph"] is True
     assert row["measured_peak_bytes"] <= row["budget_bytes"]
+
+
+PEERS_COLUMNS = ["model", "policy", "cap_bytes", "largest_batch", "largest_vs_tf",
+                 "per_sample_s", "throughput_2x_vs_ideal", "throughput_4x_vs_ideal", "note"]
+
+
+def test_gpu_peers_finds_each_policys_largest_batch_on_the_emulated_card(tmp_path):
+    """Issue #23's benchmark on the emulated device: batches doubling until the
+    step's measured peak is over the card, per policy, and the throughput at 2x
+    plain TF's largest batch against the unlimited step."""
+    out = tmp_path / "peers.csv"
+    args = ["benchmarks/gpu_peers.py", "--emulated", "--small", "--models", "lstm4",
+            "--policies", "tf,checkpoint,tf_swap,tfswap", "--max-batch", "64",
+            "--resolution", "1", "--oversubscription", "2", "--generations", "1",
+            "--workers", "1", "--out", str(out)]
+    printed = _run(*args)
+    with out.open() as f:
+        reader = csv.reader(f)
+        assert next(reader) == PEERS_COLUMNS
+        summary = {r[1]: dict(zip(PEERS_COLUMNS, r)) for r in reader}
+    assert set(summary) == {"tf", "checkpoint", "tf_swap", "tfswap"}
+    tf_batch = int(summary["tf"]["largest_batch"])
+    assert float(summary["tf"]["largest_vs_tf"]) == 1.0
+    assert int(summary["checkpoint"]["largest_batch"]) >= tf_batch
+    # tfswap swaps what does not fit: at least twice plain TF's batch trains.
+    assert int(summary["tfswap"]["largest_batch"]) >= 2 * tf_batch, printed
+    assert float(summary["tfswap"]["throughput_2x_vs_ideal"]) > 0
+    assert float(summary["tf"]["throughput_2x_vs_ideal"]) == 0   # 2x does not fit plain TF
+    # Grappler's swapping acts on GPU devices only: said, not measured as 0.
+    assert summary["tf_swap"]["largest_batch"] == ""
+    assert "GPU devices only" in summary["tf_swap"]["note"]
+    assert summary["tf_swap"]["throughput_2x_vs_ideal"] == ""
+    trials = [json.loads(line) for line in
+              (tmp_path / "peers.trials.jsonl").read_text().splitlines()]
+    cap = trials[0]["cap_bytes"]
+    for t in trials:
+        if t["capped"] and t.get("trains"):
+            assert t["peak_bytes"] <= cap, t
+        if t["policy"] in ("tf", "checkpoint") and t["capped"] and not t.get("trains"):
+            assert t["out_of_memory"] and f"> the card's {cap} B" in t["error"], t
+    assert any(not t["capped"] and t.get("trains") for t in trials)   # the ideal
+    # --resume with no time left summarises the same trials without running any.
+    printed = _run(*args, "--resume", "--deadline-s", "0")
+    assert f"lstm4 tf: largest batch {tf_batch}" in printed
+    assert len((tmp_path / "peers.trials.jsonl").read_text().splitlines()) == len(trials)
+
+
+def test_gradient_checkpointing_trains_as_the_plain_step():
+    """benchmarks/tf_peers.checkpointed: tf.recompute_grad around each block gives
+    the plain step's losses and weights (recomputation repeats the same ops)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import numpy as np
+
+    import tf_peers
+    from tfswap import zoo
+
+    def build():
+        return zoo.bert(batch=4, seq=16, dim=32, heads=2, layers=2, vocab=64)
+
+    plain, checkpointed = build(), build()
+    assert [len(b.nodes) for b in tf_peers.blocks(zoo.lstm(layers=3).model)] == [1, 1, 1, 1]
+    fn, _ = tf_peers.checkpointed(checkpointed)
+    ref = [float(plain.concrete_fn(*plain.batch)["loss"]) for _ in range(2)]
+    got = [float(fn(*checkpointed.batch)["loss"]) for _ in range(2)]
+    assert got == ref
+    for a, b in zip(plain.model.get_weights(), checkpointed.model.get_weights()):
+        assert np.array_equal(a, b)

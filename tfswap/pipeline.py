@@ -258,9 +258,12 @@ class Verified:
     materialized: Materialized
     measured_peak_bytes: int | None   # None: this device's peak cannot be measured here
     measured_on: str | None = None    # what was measured, on which device, and how
+    out_of_memory: bool = False       # the step failed for want of device memory
 
     @property
     def within_budget(self) -> bool:
+        if self.out_of_memory:
+            return False
         budget = self.materialized.planned.prepared.budget_bytes
         return self.measured_peak_bytes is None or self.measured_peak_bytes <= budget
 
@@ -685,7 +688,7 @@ def verify(made: Materialized) -> Verified:
     if prepared.peak_method == measure.ALLOCATOR:   # GPU-only
         m = measure.allocator_peak(made.bound, prepared.feed, prepared.captured,
                                    prepared.device, runs=3, warmup=1)
-        return Verified(made, m.peak_bytes, m.describe())
+        return Verified(made, m.peak_bytes, m.describe(), m.out_of_memory)
 
     # The worst of 3 runs: how soon a swap-in starts after its trigger depends
     # on the executor's threads, which moves the measured peak below the
@@ -740,23 +743,26 @@ def refine(verified: Verified) -> Attempt:
     planned = verified.materialized.planned
     prepared, attempt = planned.prepared, planned.attempt
     budget, measured = prepared.budget_bytes, verified.measured_peak_bytes
+    what = (f"the step ran out of device memory on {prepared.device} after {measured} B"
+            if verified.out_of_memory else f"the measured peak ({measured} B)")
     if attempt.replans >= prepared.options.verify_rounds:
         raise BudgetError(
-            f"after {attempt.replans} re-plans the measured peak ({measured} B) still "
-            f"exceeds memory_budget {budget} B; raise the budget or the safety_margin")
-    excess = measured - budget
+            f"after {attempt.replans} re-plans {what} still exceeds memory_budget {budget} B "
+            "or the device's free memory; pass a budget below the device's free memory, "
+            "or raise the safety_margin")
+    # Out of memory under the budget: the device has less free memory than the budget.
+    excess = max(measured - budget, 0)
     replans = attempt.replans + 1
     if attempt.pool_layout == "shared":
         # A shared arena is packed to the planner's budget, so what the model
         # misses shows at once; the disjoint pool's rounding leaves room for it.
-        note = (f"measured peak {measured} B exceeded the budget by {excess} B with the shared "
+        note = (f"{what} exceeded the budget by {excess} B with the shared "
                 "pool layout: re-planned with the disjoint one")
         return dataclasses.replace(attempt, pool_layout="disjoint", replans=replans,
                                    measured_bytes=measured, notes=planned.notes + (note,))
     # The memory model missed what TF did (e.g. an in-place forward that an
     # extra reader prevented): plan again with that much less room.
-    note = (f"measured peak {measured} B exceeded the budget by {excess} B; re-planned with "
-            "that much less")
+    note = f"{what} exceeded the budget by {excess} B; re-planned with that much less"
     return dataclasses.replace(attempt, planner_budget=attempt.planner_budget - excess
                                - budget // 100, replans=replans, measured_bytes=measured,
                                notes=planned.notes + (note,))

@@ -72,6 +72,14 @@ def test_how_a_device_peak_is_measured(device, emulated, method):
     assert measure.peak_method(device, emulated) == method
 
 
+def _cpu_allocator_counting(captured, batch):
+    """Make the emulated device's CPU allocator keep statistics, as a GPU's BFC
+    always does: TensorFlow turns them on for its first traced Session run and
+    has no other switch (without it ``reset_memory_stats("CPU:0")`` raises, so
+    these tests passed only after another test had traced a run)."""
+    measure.measure(captured, captured.graph_def, batch, runs=1, warmup=0)
+
+
 def test_the_allocator_measurement_runs_the_step_and_restores_its_variables():
     # The GPU path's code on the emulated device's CPU allocator (which also
     # counts the host's tensors, so only its bookkeeping is checked here; it
@@ -80,6 +88,7 @@ def test_the_allocator_measurement_runs_the_step_and_restores_its_variables():
     from tfswap.tf import capture
 
     captured = capture.capture(step.concrete_fn)
+    _cpu_allocator_counting(captured, step.batch)
     before = [v.numpy() for v in captured.variables]
     m = measure.allocator_peak(step.concrete_fn, step.batch, captured, emulate.DEVICE,
                                runs=2, warmup=1)
@@ -109,6 +118,53 @@ def test_verify_reports_what_it_measured_and_where(monkeypatch):
     assert "allocator's peak on /device:CPU:0" in by_allocator.measured_on
     monkeypatch.setattr(measure, "peak_method", lambda device, emulated: None)
     assert not prepared.verifiable and pipeline.verify(made).measured_peak_bytes is None
+
+
+def test_a_step_that_runs_out_of_device_memory_ends_the_measurement_as_a_lower_bound():
+    step = zoo.cnn(batch=8, image=8, channels=4, blocks=3)
+    from tfswap.tf import capture
+
+    captured = capture.capture(step.concrete_fn)
+    _cpu_allocator_counting(captured, step.batch)
+    before = [v.numpy() for v in captured.variables]
+    calls = []
+
+    def second_run_fails(*args):   # the warm-up fits, the first measured run does not
+        calls.append(args)
+        out = step.concrete_fn(*args)
+        if len(calls) == 2:
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+        return out
+
+    m = measure.allocator_peak(second_run_fails, step.batch, captured, emulate.DEVICE,
+                               runs=3, warmup=1)
+    assert m.out_of_memory and len(calls) == 2 and len(m.run_peaks) == 1
+    assert m.peak_bytes == m.run_peaks[0] + m.variable_bytes
+    assert "ran out of device memory" in m.describe() and "lower bound" in m.describe()
+    for v, value in zip(captured.variables, before):
+        assert np.array_equal(v.numpy(), value), f"{v.name} was not restored"
+
+
+def test_out_of_device_memory_under_the_budget_is_not_within_it_and_plans_again(monkeypatch):
+    """A budget above the device's free memory: the step runs out of memory at a
+    peak below the budget; verify must not call that within the budget."""
+    step = zoo.cnn(batch=8, image=8, channels=4, blocks=3)
+    options = pipeline.Options.of(1.0, generations=2, seed=0, workers=1, inputs=step.batch)
+    prepared = pipeline.prepare(step.concrete_fn, options)
+    budget = int(0.7 * prepared.profile.peak_bytes)
+    prepared = pipeline.with_budget(prepared, budget)
+    attempt = pipeline.first_attempt(prepared)
+    made = pipeline.materialize(pipeline.plan(prepared, attempt, planner="tfswap.order"))
+    oom = measure.AllocatorMeasurement(budget // 2, budget // 2, 0, (budget // 2,),
+                                       emulate.DEVICE, out_of_memory=True)
+    monkeypatch.setattr(measure, "peak_method", lambda device, emulated: measure.ALLOCATOR)
+    monkeypatch.setattr(measure, "allocator_peak", lambda *a, **k: oom)
+    verified = pipeline.verify(made)
+    assert verified.out_of_memory and verified.measured_peak_bytes < budget
+    assert not verified.within_budget
+    again = pipeline.refine(verified)
+    assert again.replans == attempt.replans + 1
+    assert "ran out of device memory" in again.notes[-1]
 
 
 def test_the_report_says_where_the_peak_was_measured():

@@ -273,8 +273,14 @@ class AllocatorMeasurement:
     variable_bytes: int          # the captured variables homed on the device
     run_peaks: tuple[int, ...]   # each measured run's transient peak
     device: str
+    # A run failed for want of device memory: peak_bytes is how far it got, a lower bound.
+    out_of_memory: bool = False
 
     def describe(self) -> str:
+        if self.out_of_memory:
+            return (f"the allocator's peak on {self.device} when the step ran out of device "
+                    "memory (a lower bound: the step needs more than the device had), less "
+                    "the bytes in use before, plus the step's device-homed variables")
         return (f"the allocator's peak on {self.device} (tf.config.experimental."
                 f"reset_memory_stats / get_memory_info), worst of {len(self.run_peaks)} runs "
                 "after a warm-up, less the bytes in use before each run, plus the step's "
@@ -307,29 +313,42 @@ def allocator_peak(fn, inputs, captured: CapturedFunction, device: str, runs: in
     own).  The function runs the step where it is bound, so this measures what
     the user's calls will do.  Used on a GPU (:func:`peak_method`); it also
     runs on a CPU device, whose allocator counts the host's tensors too.
+
+    A run that fails with ``ResourceExhaustedError`` (the device is smaller
+    than the step, e.g. a budget set to the card's free memory) ends the
+    measurement: the result has ``out_of_memory`` set and the peak the run
+    reached before it failed, so the caller can plan again with less.
     """
     if runs < 1 or warmup < 0:
         raise ValueError(f"need runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     name = _allocator_name(device)
     variables = captured.variables
     saved = [v.numpy() for v in variables] if restore else None
+    peaks, out_of_memory = [], False
     try:
         for _ in range(warmup):
-            _sync(fn(*inputs))
-        peaks = []
+            try:
+                _sync(fn(*inputs))
+            except tf.errors.ResourceExhaustedError:
+                break   # the measured run below fails again, and says how far it got
         for _ in range(runs):
             _sync(())   # nothing pending from before
             tf.config.experimental.reset_memory_stats(name)
-            before = tf.config.experimental.get_memory_info(name)["current"]
-            _sync(fn(*inputs))
-            peaks.append(int(tf.config.experimental.get_memory_info(name)["peak"]) - int(before))
+            before = int(tf.config.experimental.get_memory_info(name)["current"])
+            try:
+                _sync(fn(*inputs))
+            except tf.errors.ResourceExhaustedError:
+                out_of_memory = True
+            peaks.append(int(tf.config.experimental.get_memory_info(name)["peak"]) - before)
+            if out_of_memory:
+                break
     finally:
         if saved is not None:
             for v, value in zip(variables, saved):
                 v.assign(value)
     variable_bytes = device_variable_bytes(captured)
     return AllocatorMeasurement(max(peaks) + variable_bytes, max(peaks), variable_bytes,
-                                tuple(peaks), device)
+                                tuple(peaks), device, out_of_memory)
 
 
 def _sync(outputs) -> None:
