@@ -87,7 +87,7 @@ SMALL = {
     "bert": Model("bert", dict(seq=64, dim=64, heads=4, layers=2, vocab=256), 4, 256,
                   cap=12 << 20),
     "lstm4": Model("lstm", dict(steps=8, features=16, units=64, layers=4), 8, 1024,
-                   cap=4 << 20),
+                   cap=5 << 20),
     "resnet50": Model("resnet50", dict(image=64), 2, 64, cap=420 << 20),
 }
 
