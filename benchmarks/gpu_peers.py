@@ -220,10 +220,9 @@ def run_trial(args, model: str, policy: str, batch: int, capped: bool, device: s
     try:
         step = _build(args, model, batch)
         if policy == "tf_swap" and args.emulated:
-            captured_fn = step.concrete_fn
             from tfswap.tf import capture
 
-            captured = capture.capture(captured_fn)
+            captured = capture.capture(step.concrete_fn)
             row["grappler_swaps"] = tf_peers.grappler_swaps(
                 captured.graph_def, captured.fetches, (), device, cap)
             row["error"] = ("not applicable on the emulated device: Grappler's memory "
@@ -259,8 +258,7 @@ def run_trial(args, model: str, policy: str, batch: int, capped: bool, device: s
             if policy == "tfswap":
                 row["peak_bytes"] = fn.measured_peak_bytes or fn.plan.prediction.peak_bytes
             else:
-                row["peak_bytes"] = _emulated_peak(
-                    fn if policy == "checkpoint" else step.concrete_fn, step.batch)
+                row["peak_bytes"] = _emulated_peak(fn, step.batch)
             row["trains"] = not capped or row["peak_bytes"] <= cap
             row["out_of_memory"] = not row["trains"]
             if not row["trains"]:
