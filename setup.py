@@ -93,9 +93,11 @@ setup(
     # The sources ship so that the loaders can rebuild into the cache; the
     # stamps are written into the build tree beside each library by build_ext.
     package_data={"tfswap.ops": ["*.cc", "*.h"], "tfswap.core.native": ["*.cc"]},
-    ext_modules=[Extension("tfswap.ops._tfswap_ops", sources=[
-                     "tfswap/ops/swap_ops.cc", "tfswap/ops/pool_core.cc",
-                     "tfswap/ops/pool_capi.cc", "tfswap/ops/pool_allocator.cc"]),
+    ext_modules=[Extension("tfswap.ops._tfswap_ops",
+                           sources=[
+                               "tfswap/ops/swap_ops.cc", "tfswap/ops/pool_core.cc",
+                               "tfswap/ops/pool_capi.cc", "tfswap/ops/pool_arena.cc",
+                               "tfswap/ops/arena_capi.cc", "tfswap/ops/pool_allocator.cc"]),
                  Extension("tfswap.core.native._planner_sim",
                            sources=["tfswap/core/native/planner_sim.cc"]),
                  Extension("tfswap.core.native._schedule_ops",

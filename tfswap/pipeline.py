@@ -38,12 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from tfswap.core import planners, search
+from tfswap.core import layout, planners, search
 from tfswap.core.budget import BudgetError, parse_budget
 from tfswap.core.devices import DeviceSpec, cpu_emulated, device_spec as resolve_spec
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.infeasible import Infeasible
-from tfswap.core.plan import Plan, Prediction
+from tfswap.core.plan import Allocation, Plan, Prediction
+from tfswap.core.program import from_plan
+from tfswap.core.simulator import simulate
 from tfswap.core.problem import Problem
 
 PROFILES = ("auto", "trace", "isolated", "analytic")
@@ -284,6 +286,7 @@ def prepare(concrete_fn, options: Options) -> Prepared:
         captured, _ = homes.updates_on_device(captured, device)
     spec, spec_note = choose_spec(options.device_spec, device)
     budget = parse_budget(options.memory_budget, spec.memory_bytes)
+    _check_arena(budget, options.memory_budget, device)
     capture_mod.warn_legacy_random(captured)
     feed = list(options.inputs) if options.inputs is not None else \
         sample_inputs(captured, options.seed)
@@ -297,6 +300,18 @@ def prepare(concrete_fn, options: Options) -> Prepared:
     notes = (spec_note,) if spec_note else ()
     return Prepared(options, captured, prof, step, spec, budget, device, host, feed, deadline,
                     notes + (f"profile: {prof.source}, {time.monotonic() - started:.1f} s",))
+
+
+def _check_arena(budget: int, asked, device: str) -> None:
+    """A budget above the budget arena the device allocates from cannot hold."""
+    from tfswap.ops import allocator
+
+    arena = allocator.installed_gpu_arena(device)
+    if arena is not None and budget > arena.stats().arena_bytes:
+        raise BudgetError(
+            f"memory_budget {asked!r} ({budget} bytes) is more than the budget arena "
+            f"{device} allocates from ({arena.stats().arena_bytes} bytes, install_gpu_arena); "
+            "pass at most that")
 
 
 def place_parameters(prepared: Prepared) -> Prepared:
@@ -668,7 +683,50 @@ def materialize(planned: Planned) -> Materialized:
 
     prepared = planned.prepared
     rewritten = rewrite.rewrite(prepared.captured, planned.plan, prepared.device, prepared.host)
-    return Materialized(planned, rewritten, runtime.bind(prepared.captured, rewritten.graph_def))
+    return Materialized(planned, rewritten, runtime.bind(
+        prepared.captured, rewritten.graph_def, memory_scope=_arena_scope(planned)))
+
+
+def _arena_of(made: Materialized):
+    """The budget arena the bound step's pool is registered with, if any."""
+    from tfswap.ops import allocator
+
+    if made.bound.memory_scope is None:
+        return None
+    return allocator.installed_gpu_arena(made.planned.prepared.device)
+
+
+def arena_allocation(planned: Planned) -> Allocation:
+    """The plan's pool as a budget arena binds it: without the objects of the
+    parameters that stay on the device, which the user's variables already hold
+    in the arena (:func:`tfswap.core.layout.without_resident`)."""
+    problem, plan = planned.attempt.step.problem, planned.plan
+    cg = problem.compiled
+    prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
+    result = simulate(problem.graph, plan, planned.prepared.spec, events=True,
+                      keep=problem.keep, compiled=cg)
+    resident = [cg.buf_names[b] for b in prog.resident if cg.buf_persistent[b]]
+    return layout.without_resident(result, plan.allocation, resident)
+
+
+def _arena_scope(planned: Planned):
+    """On a GPU that allocates from a budget arena (``install_gpu_arena``): the
+    plan's pool registered with it, and what makes it serve each call."""
+    from tfswap.tf import measure
+
+    prepared, plan = planned.prepared, planned.plan
+    if prepared.peak_method != measure.ALLOCATOR or plan.allocation is None:
+        return None
+    from tfswap.ops import allocator
+
+    arena = allocator.installed_gpu_arena(prepared.device)
+    if arena is None:
+        return None
+    pool = arena_allocation(planned)
+    return arena.binding(allocator.PoolAllocation(
+        class_bytes=pool.class_bytes, class_count=pool.class_count,
+        small_pool_bytes=pool.small_pool_bytes, plan_id=plan.id,
+        small_threshold_bytes=pool.small_threshold_bytes, object_offsets=pool.object_offsets))
 
 
 def verify(made: Materialized) -> Verified:
@@ -686,9 +744,18 @@ def verify(made: Materialized) -> Verified:
     from tfswap.tf import measure
 
     if prepared.peak_method == measure.ALLOCATOR:   # GPU-only
+        arena = _arena_of(made)
+        strays = arena.stats().strays if arena is not None else 0
         m = measure.allocator_peak(made.bound, prepared.feed, prepared.captured,
                                    prepared.device, runs=3, warmup=1)
-        return Verified(made, m.peak_bytes, m.describe(), m.out_of_memory)
+        described = m.describe()
+        if arena is not None:
+            stats = arena.stats()
+            described += (f"; the device allocates from a budget arena of {stats.arena_bytes} "
+                          f"bytes, {stats.strays - strays} of the step's requests fell outside "
+                          "the plan's pool" + (f" (last: {stats.last_stray})"
+                                               if stats.strays > strays else ""))
+        return Verified(made, m.peak_bytes, described, m.out_of_memory)
 
     # The worst of 3 runs: how soon a swap-in starts after its trigger depends
     # on the executor's threads, which moves the measured peak below the

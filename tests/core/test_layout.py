@@ -87,3 +87,33 @@ def test_shared_search_fits_the_budget_and_is_no_slower_than_disjoint():
 def test_pool_layout_is_validated():
     with pytest.raises(ValueError, match="pool_layout"):
         SearchConfig(pool_layout="packed")
+
+
+def _resident(cg, plan):
+    from tfswap.core.program import from_plan
+
+    prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
+    return [cg.buf_names[b] for b in prog.resident if cg.buf_persistent[b]]
+
+
+def test_without_resident_leaves_out_the_objects_parameters_hold_all_step():
+    g, cg, budget, plan, result = planned()
+    resident = _resident(cg, plan)
+    released = {e.tensor for e in result.allocation_events
+                if e.tensor in set(resident) and not e.is_alloc}
+    held = {e.tensor for e in result.allocation_events
+            if e.tensor in set(resident) and e.is_alloc} - released
+    assert held and released   # this plan keeps some parameters and swaps others
+    bound = layout.without_resident(result, plan.allocation, resident)
+    assert sum(plan.allocation.class_count) - sum(bound.class_count) == len(held)
+    assert bound.class_bytes == plan.allocation.class_bytes
+    assert layout.without_resident(result, plan.allocation, []) == plan.allocation
+
+
+def test_without_resident_replaces_a_shared_layout_without_their_memory():
+    g, cg, budget, plan, result = planned()
+    shared = layout.shared_layout(result, plan.allocation)
+    again = simulator.simulate(g, plan, SPEC, events=True, compiled=cg, allocation=shared)
+    bound = layout.without_resident(again, shared, _resident(cg, plan))
+    assert bound.shared and bound.pool_bytes < shared.pool_bytes
+    assert all(o % 256 == 0 for c in bound.object_offsets for o in c)

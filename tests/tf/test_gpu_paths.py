@@ -231,3 +231,52 @@ def test_duplex_uses_both_directions_at_once():
                        repeats=2, link_bytes_per_s=rate)
     assert both.per_copy_s < 1.5 * one_way.per_copy_s   # not one chain after the other
     assert both.bytes_per_s > 1.3 * one_way.bytes_per_s
+
+
+def test_under_a_budget_arena_the_plan_binds_its_pool_and_each_call_runs_in_it(monkeypatch):
+    """The one-process pool flow (install_gpu_arena), its TensorFlow side on the
+    emulated device: a host arena stands in for the GPU's, so what is checked is
+    the binding -- which pool, when it serves -- and that the bound step still
+    trains as the unmodified one; the GPU's allocations themselves need a GPU."""
+    from tests.tf.equality import assert_same_training
+    from tfswap.ops import allocator
+
+    step = zoo.cnn(batch=8, image=8, channels=24, blocks=3)   # kernels above the small pool
+    options = pipeline.Options.of(1.0, generations=2, seed=0, workers=1, inputs=step.batch)
+    prepared = pipeline.prepare(step.concrete_fn, options)
+    budget = int(0.7 * prepared.profile.peak_bytes)
+    prepared = pipeline.with_budget(prepared, budget)
+    planned = pipeline.plan(prepared, pipeline.first_attempt(prepared), planner="tfswap.order")
+
+    arena = allocator.Arena.host(budget)
+    seen = []
+    real_active = arena.active
+
+    def recording_active(layout_id):
+        seen.append(("call", layout_id))
+        return real_active(layout_id)
+
+    monkeypatch.setattr(arena, "active", recording_active)
+    monkeypatch.setattr(measure, "peak_method", lambda device, emulated: measure.ALLOCATOR)
+    monkeypatch.setattr(allocator, "installed_gpu_arena", lambda device=None: arena)
+    made = pipeline.materialize(planned)
+    assert made.bound.memory_scope is not None
+    # The pool registered is the plan's, less what the device variables hold.
+    pool = pipeline.arena_allocation(planned)
+    assert pool.class_bytes == planned.plan.allocation.class_bytes
+    assert sum(pool.class_count) < sum(planned.plan.allocation.class_count)
+    stats = arena.layout_stats(0)
+    assert not stats.carved
+    assert_same_training(step.concrete_fn, made.bound, prepared.captured.variables,
+                         step.batch, steps=2, exact=True)
+    assert seen == [("call", 0)] * 2 and arena.stats().active_layout is None
+    carved = arena.layout_stats(0)
+    assert carved.carved and carved.pool.classes and carved.nbytes <= budget
+    assert carved.pool.bytes_limit == allocator.replay(allocator.PoolAllocation(
+        pool.class_bytes, pool.class_count, pool.small_pool_bytes, planned.plan.id,
+        pool.small_threshold_bytes, pool.object_offsets), []).stats.bytes_limit
+    # A budget above the arena cannot hold: prepare says so before any work.
+    with pytest.raises(pipeline.BudgetError, match="more than the budget arena"):
+        pipeline.prepare(step.concrete_fn, pipeline.Options.of(
+            arena.stats().arena_bytes + 1, generations=2, seed=0, workers=1,
+            inputs=step.batch))

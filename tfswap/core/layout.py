@@ -75,8 +75,11 @@ def shared_layout(result, allocation: Allocation) -> Allocation:
     ``result``: the plan's :class:`~tfswap.core.simulator.SimResult`, simulated
     with ``events=True`` under ``allocation``.
     """
-    busy = object_busy(result)
-    counts = list(result.class_peak_objects)
+    return _place(object_busy(result), list(result.class_peak_objects), allocation)
+
+
+def _place(busy: dict, counts: list[int], allocation: Allocation) -> Allocation:
+    """Offsets for objects ``0 .. counts[c]-1`` of each class, given their busy times."""
     # The simulator takes objects from LIFO stacks filled in index order, so the
     # objects a step uses are exactly 0 .. peak-1 of each class.
     for (c, j) in busy:
@@ -112,6 +115,48 @@ def shared_layout(result, allocation: Allocation) -> Allocation:
         placed[r], lo[r], hi[r] = True, offset, offset + size
     return replace(allocation, class_count=tuple(counts),
                    object_offsets=tuple(tuple(o) for o in offsets))
+
+
+def without_resident(result, allocation: Allocation, resident) -> Allocation:
+    """``allocation`` less the objects that ``resident`` buffers hold all step.
+
+    In a plan's simulation the parameters that stay on the device take pool
+    objects before the first op.  Under the budget arena
+    (``tfswap/ops/pool_arena.h``) they are the user's variables, allocated
+    outside the plan's pool before the plan existed, so the pool the arena
+    carves leaves their objects out: every other tensor then gets the object
+    the simulation gave it.  A shared layout is placed again without them,
+    so their memory is not counted twice.  An object a resident buffer gives
+    back during the step (a swapped parameter) stays, and so do small-pool
+    bytes; the objects are then handed out in another order than simulated
+    (exact when no resident buffer is released, as with TensorFlow's
+    device-homed variables, which the planner pins).
+
+    ``result``: the plan simulated with ``events=True`` under ``allocation``;
+    ``resident``: names of the buffers resident when the step starts.
+    """
+    resident = set(resident)
+    first: dict[str, tuple[int, int]] = {}   # the object each takes before the first op
+    released = set()
+    for e in result.allocation_events:
+        if e.tensor in resident:
+            if e.is_alloc:
+                first.setdefault(e.tensor, (e.size_class, e.object_index))
+            else:
+                released.add(e.tensor)
+    held = {key for name, key in first.items() if name not in released}
+    kept = [[j for j in range(n) if (c, j) not in held]
+            for c, n in enumerate(allocation.class_count)]
+    counts = tuple(len(k) for k in kept)
+    if not allocation.shared:
+        return replace(allocation, class_count=counts)
+    rank = {(c, j): i for c, k in enumerate(kept) for i, j in enumerate(k)}
+    busy = {(c, rank[c, j]): iv for (c, j), iv in object_busy(result).items()
+            if (c, j) not in held}
+    used = [0] * len(counts)
+    for c, j in busy:
+        used[c] = max(used[c], j + 1)
+    return _place(busy, used, replace(allocation, object_offsets=()))
 
 
 def conflicts(result, allocation: Allocation) -> list[tuple[tuple[int, int], tuple[int, int]]]:

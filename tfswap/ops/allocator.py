@@ -22,8 +22,13 @@ Three uses:
 
 * :func:`replay` -- the allocator over host memory, driven by an event list.
 * :func:`stress` -- many C++ threads allocating and freeing at random.
-* :func:`install_gpu_allocator` -- makes TensorFlow use the pool for a GPU.
-  Call it right after ``import tensorflow``, before anything creates a device.
+* :func:`install_gpu_allocator` -- makes TensorFlow use one plan's pool for a
+  GPU.  Call it right after ``import tensorflow``, before anything creates a
+  device; the plan must come from another process.
+* :func:`install_gpu_arena` -- the one-process flow: the memory budget becomes
+  the GPU's whole memory (a :class:`Arena`), and each plan ``tfswap.optimize``
+  binds takes its pool from it while its step runs.  :meth:`Arena.host` is
+  the same C++ arena over host memory, for tests and replays.
 
 Example::
 
@@ -39,8 +44,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -72,6 +79,10 @@ class PoolExhausted(MemoryError):
         self.requested_bytes = requested_bytes
         self.plan_id = plan_id
         self.event_index = event_index
+
+
+class ArenaFull(MemoryError):
+    """The budget arena had no free block for a request or for a plan's pool."""
 
 
 class AllocatorInstallError(RuntimeError):
@@ -316,23 +327,7 @@ def install_gpu_allocator(plan_or_allocation, *, device_index: int = 0) -> PoolA
     ``device_index``, or when a pool is already installed in this process.
     """
     alloc = as_allocation(plan_or_allocation)
-    if isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0:
-        raise ValueError(f"device_index must be an int >= 0, got {device_index!r}")
-    import tensorflow as tf
-    from tensorflow.python.eager import context
-
-    if context.context()._initialized:
-        raise AllocatorInstallError(_TOO_LATE)
-    if not tf.test.is_built_with_gpu_support():
-        raise AllocatorInstallError(
-            f"this TensorFlow ({tf.__version__}) is built without GPU support (a "
-            "tensorflow-cpu wheel?), so there is no GPU allocator to replace; install "
-            "tensorflow[and-cuda] on a machine with a GPU. Nothing was installed.")
-    gpus = tf.config.list_physical_devices("GPU")  # lists, creates no device
-    if device_index >= len(gpus):
-        raise AllocatorInstallError(
-            f"TensorFlow sees {len(gpus)} GPU(s), so there is no GPU {device_index}; check "
-            "CUDA_VISIBLE_DEVICES and the driver (nvidia-smi). Nothing was installed.")
+    _check_can_install(device_index)
     _install(alloc, device_index)
     return alloc
 
@@ -366,11 +361,31 @@ def gpu_pool_stats() -> PoolStats | None:
     return _unpack_stats(totals, per_class, small, n.value)
 
 
-_TOO_LATE = (
-    "install_gpu_allocator was called after TensorFlow created its devices, so the "
-    "device allocator is already chosen. Call it right after `import tensorflow`, before "
-    "any op runs or any model is built (move it to the top of your script, or start a "
-    "new process). Nothing was installed.")
+def _check_can_install(device_index, what: str = "install_gpu_allocator") -> None:
+    if isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0:
+        raise ValueError(f"device_index must be an int >= 0, got {device_index!r}")
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    if context.context()._initialized:
+        raise AllocatorInstallError(_too_late(what))
+    if not tf.test.is_built_with_gpu_support():
+        raise AllocatorInstallError(
+            f"this TensorFlow ({tf.__version__}) is built without GPU support (a "
+            "tensorflow-cpu wheel?), so there is no GPU allocator to replace; install "
+            "tensorflow[and-cuda] on a machine with a GPU. Nothing was installed.")
+    gpus = tf.config.list_physical_devices("GPU")  # lists, creates no device
+    if device_index >= len(gpus):
+        raise AllocatorInstallError(
+            f"TensorFlow sees {len(gpus)} GPU(s), so there is no GPU {device_index}; check "
+            "CUDA_VISIBLE_DEVICES and the driver (nvidia-smi). Nothing was installed.")
+
+
+def _too_late(what: str) -> str:
+    return (f"{what} was called after TensorFlow created its devices, so the "
+            "device allocator is already chosen. Call it right after `import tensorflow`, "
+            "before any op runs or any model is built (move it to the top of your script, or "
+            "start a new process). Nothing was installed.")
 
 
 def _install(alloc: PoolAllocation, device_index: int) -> None:
@@ -382,13 +397,339 @@ def _install(alloc: PoolAllocation, device_index: int) -> None:
                                      alloc.small_pool_bytes, alloc.small_threshold_bytes,
                                      alloc.plan_id.encode(), _ptr_or_null(offsets), device_index,
                                      err, _ERRLEN)
+    _install_outcome(rc, err, "install_gpu_allocator")
+
+
+def _install_outcome(rc: int, err, what: str) -> None:
     if rc == _RC_TOO_LATE:
-        raise AllocatorInstallError(_TOO_LATE)
+        raise AllocatorInstallError(_too_late(what))
     if rc == _RC_TWICE:
-        raise AllocatorInstallError(err.value.decode() + "; start a new process for another "
-                                    "plan. Nothing was installed.")
+        raise AllocatorInstallError(err.value.decode() + "; a process has one device "
+                                    "allocator: start a new process for another. Nothing "
+                                    "was installed.")
     if rc != _RC_OK:
         raise ValueError(err.value.decode())
+
+
+# ---------------------------------------------------------------- the budget arena
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a host arena put a request: ``offset`` from the arena's start;
+    ``layout`` the plan's layout that served it (None: the free ranges);
+    ``size_class`` (None: the small pool or the free ranges) and ``object_index``
+    within the layout."""
+
+    offset: int
+    layout: int | None
+    size_class: int | None
+    object_index: int | None
+
+
+@dataclass(frozen=True)
+class ArenaStats:
+    """Counters of a budget arena (bytes)."""
+
+    arena_bytes: int
+    bytes_in_use: int        # free-range allocations + plans' objects and blocks in use
+    peak_bytes_in_use: int   # since creation or clear_peak()
+    general_in_use: int      # allocations outside any plan (variables, inputs)
+    carved_bytes: int        # held by plans' pools
+    largest_free_bytes: int
+    num_allocs: int
+    strays: int              # requests the active plan's pool could not serve
+    stray_bytes: int
+    largest_alloc_size: int
+    active_layout: int | None
+    last_stray: str          # why the last stray left the plan's pool ("" if none)
+
+
+@dataclass(frozen=True)
+class LayoutStats:
+    """Where a plan's pool sits in the arena and, while carved, its counters."""
+
+    carved: bool
+    offset: int
+    nbytes: int
+    pool: PoolStats | None
+
+
+class Arena:
+    """The budget arena: one reservation of the memory budget, shared by the
+    allocations outside any plan and by the pools of the plans bound to it.
+
+    Outside a plan a request is served best-fit from the free ranges (freed
+    neighbours coalesce).  :meth:`add_layout` registers a plan's pool; the
+    first :meth:`activate` carves it from the free ranges, and while it is
+    active requests go to it with the simulator's semantics (size classes,
+    LIFO objects, shared offsets).  A request the pool cannot serve is served
+    from the free ranges and counted in ``stats().strays``; one neither can
+    serve raises :class:`ArenaFull` (on a GPU: the op fails out of memory).
+
+    :meth:`host` makes one over host memory (tests, replays);
+    :func:`gpu_arena` returns the one a GPU allocates from after
+    :func:`install_gpu_arena`.
+
+    Example::
+
+        arena = Arena.host(64 << 20)
+        weights = arena.allocate(8 << 20)          # outside any plan
+        step = arena.add_layout(PoolAllocation(class_bytes=(4 << 20,), class_count=(2,),
+                                               small_pool_bytes=1 << 20, plan_id="p"))
+        with arena.active(step):
+            a = arena.allocate(3 << 20)            # class 0, object 0 of the plan's pool
+            arena.free(a.offset)
+        arena.stats().carved_bytes                 # the pool stays carved for the next step
+    """
+
+    def __init__(self, handle, *, owned: bool, what: str):
+        self._handle = handle
+        self._owned = owned
+        self._what = what
+        self._lib = _clib()
+
+    @classmethod
+    def host(cls, arena_bytes: int) -> "Arena":
+        """An arena of ``arena_bytes`` over host memory."""
+        nbytes = _as_int(arena_bytes, "arena_bytes")
+        lib = _clib()
+        out = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(_ERRLEN)
+        if lib.tfswap_arena_create(nbytes if nbytes > 0 else 0, ctypes.byref(out), err,
+                                   _ERRLEN) != _RC_OK:
+            raise ValueError(err.value.decode())
+        return cls(out, owned=True, what="host arena")
+
+    def close(self) -> None:
+        """Give a host arena's memory back (a GPU arena lives as long as the device)."""
+        if self._owned and self._handle is not None:
+            self._lib.tfswap_arena_destroy(self._handle)
+        self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+
+    def _h(self):
+        if self._handle is None:
+            raise ValueError(f"this {self._what} is closed")
+        return self._handle
+
+    def add_layout(self, plan_or_allocation) -> int:
+        """Register a plan's pool (not carved until activated); returns its id."""
+        alloc = as_allocation(plan_or_allocation)
+        cb, cc = _class_arrays(alloc)
+        offsets = _offset_array(alloc)
+        out = ctypes.c_int32(-1)
+        err = ctypes.create_string_buffer(_ERRLEN)
+        rc = self._lib.tfswap_arena_add_layout(
+            self._h(), len(alloc.class_bytes), _ptr(cb), _ptr(cc), alloc.small_pool_bytes,
+            alloc.small_threshold_bytes, alloc.plan_id.encode(), _ptr_or_null(offsets),
+            ctypes.byref(out), err, _ERRLEN)
+        if rc != _RC_OK:
+            raise ValueError(err.value.decode())
+        return out.value
+
+    def activate(self, layout: int) -> None:
+        """Let layout ``layout`` serve requests, carving its pool first if need be.
+
+        Raises :class:`ArenaFull` when no free block holds the pool (nothing
+        changes then), ``ValueError`` for an unknown layout.
+        """
+        err = ctypes.create_string_buffer(_ERRLEN)
+        rc = self._lib.tfswap_arena_activate(self._h(), int(layout), err, _ERRLEN)
+        if rc == _RC_EXHAUSTED:
+            raise ArenaFull(err.value.decode())
+        if rc != _RC_OK:
+            raise ValueError(err.value.decode())
+
+    def deactivate(self) -> None:
+        self._lib.tfswap_arena_deactivate(self._h())
+
+    def binding(self, plan_or_allocation):
+        """Register a plan's pool and return what makes it serve a block of code:
+        a zero-argument callable giving ``active(layout)``.  The layout is
+        removed when the returned callable is garbage-collected (a bound step
+        that is no longer used), if none of its objects is in use then."""
+        layout = self.add_layout(plan_or_allocation)
+
+        def scope():
+            return self.active(layout)
+
+        weakref.finalize(scope, _forget_layout, self, layout)
+        return scope
+
+    @contextlib.contextmanager
+    def active(self, layout: int):
+        """Layout ``layout`` serves the requests made inside the block."""
+        self.activate(layout)
+        try:
+            yield self
+        finally:
+            self.deactivate()
+
+    def remove_layout(self, layout: int) -> None:
+        """Forget a layout and give its block back; ``ValueError`` while it holds tensors."""
+        err = ctypes.create_string_buffer(_ERRLEN)
+        if self._lib.tfswap_arena_remove_layout(self._h(), int(layout), err, _ERRLEN) != _RC_OK:
+            raise ValueError(err.value.decode())
+
+    def allocate(self, nbytes: int) -> Placement:
+        """Allocate ``nbytes`` (host arenas only); raises :class:`ArenaFull`."""
+        self._host_only("allocate")
+        out = np.zeros(4, dtype=np.int64)
+        err = ctypes.create_string_buffer(_ERRLEN)
+        rc = self._lib.tfswap_arena_allocate(self._h(), _as_int(nbytes, "nbytes"), _ptr(out),
+                                             err, _ERRLEN)
+        if rc != _RC_OK:
+            raise ArenaFull(err.value.decode())
+        offset, layout, cls, obj = (int(v) for v in out)
+        if layout < 0:
+            return Placement(offset, None, None, None)
+        return Placement(offset, layout, cls if cls >= 0 else None, obj if cls >= 0 else None)
+
+    def free(self, offset: int) -> None:
+        """Free the allocation at ``offset`` (host arenas only)."""
+        self._host_only("free")
+        err = ctypes.create_string_buffer(_ERRLEN)
+        if self._lib.tfswap_arena_free(self._h(), _as_int(offset, "offset"), err,
+                                       _ERRLEN) != _RC_OK:
+            raise ValueError(err.value.decode())
+
+    def _host_only(self, what: str) -> None:
+        if not self._owned:
+            raise ValueError(f"{what} is for host arenas: TensorFlow allocates from a GPU's")
+
+    def stats(self) -> ArenaStats:
+        out = np.zeros(11, dtype=np.int64)
+        err = ctypes.create_string_buffer(_ERRLEN)
+        self._lib.tfswap_arena_stats(self._h(), _ptr(out), err, _ERRLEN)
+        v = [int(x) for x in out]
+        return ArenaStats(*v[:10], active_layout=v[10] if v[10] >= 0 else None,
+                          last_stray=err.value.decode())
+
+    def layout_stats(self, layout: int) -> LayoutStats:
+        capacity = 64
+        while True:
+            place = np.zeros(3, dtype=np.uint64)
+            totals = np.zeros(5, dtype=np.uint64)
+            per_class = np.zeros(5 * capacity, dtype=np.uint64)
+            small = np.zeros(6, dtype=np.uint64)
+            n = self._lib.tfswap_arena_layout_stats(self._h(), int(layout), _ptr(place),
+                                                    _ptr(totals), _ptr(per_class), capacity,
+                                                    _ptr(small))
+            if n >= -1:
+                break
+            capacity = -2 - n
+        if n == -1:
+            raise ValueError(f"this arena has no layout {layout!r}")
+        carved, offset, nbytes = (int(v) for v in place)
+        pool = _unpack_stats(totals, per_class, small, n) if carved else None
+        return LayoutStats(bool(carved), offset, nbytes, pool)
+
+    def clear_peak(self) -> None:
+        """Start a new peak from what is in use now."""
+        self._lib.tfswap_arena_clear_peak(self._h())
+
+    def check(self) -> None:
+        """Raise ``RuntimeError`` if the arena's bookkeeping is inconsistent."""
+        err = ctypes.create_string_buffer(_ERRLEN)
+        if self._lib.tfswap_arena_check(self._h(), err, _ERRLEN) != _RC_OK:
+            raise RuntimeError(f"budget arena inconsistent: {err.value.decode()}")
+
+
+def _forget_layout(arena: "Arena", layout: int) -> None:
+    if arena._handle is not None:
+        try:
+            arena.remove_layout(layout)
+        except ValueError:  # its tensors are still alive: it stays registered
+            pass
+
+
+def install_gpu_arena(memory_budget, *, device_index: int = 0) -> int:
+    """Make GPU ``device_index`` allocate everything from an arena of ``memory_budget``.
+
+    The one-process flow of the pool allocator.  Call it right after ``import
+    tensorflow``, before anything creates a device; from then on the device
+    never holds more than the budget (a request beyond it fails out of
+    memory), and each plan ``tfswap.optimize`` binds on that device takes its
+    pool from the arena while its step runs::
+
+        import tensorflow as tf
+        import tfswap
+        from tfswap.ops import allocator
+        allocator.install_gpu_arena("12GiB")
+        model = ...                                    # variables: in the arena
+        step = tfswap.optimize(train_step.get_concrete_function(...),
+                               memory_budget="12GiB")  # binds the plan's pool
+        step(x, y)                                     # runs inside it
+        allocator.gpu_arena().stats()                  # strays, peak, carved bytes
+
+    ``memory_budget``: bytes, or a string with a unit ("12GiB").  Returns the
+    arena's bytes.  Raises :class:`AllocatorInstallError` as
+    :func:`install_gpu_allocator` does (too late, no GPU, installed twice).
+    """
+    from tfswap.core.budget import parse_budget
+
+    nbytes = parse_budget(memory_budget)
+    _check_can_install(device_index, "install_gpu_arena")
+    err = ctypes.create_string_buffer(_ERRLEN)
+    rc = _clib().tfswap_install_gpu_arena(nbytes, device_index, err, _ERRLEN)
+    _install_outcome(rc, err, "install_gpu_arena")
+    global _arena_device_index
+    _arena_device_index = device_index
+    return nbytes
+
+
+_arena_device_index: int | None = None   # the GPU install_gpu_arena chose
+
+
+def gpu_arena() -> Arena | None:
+    """The GPU's budget arena; None before TensorFlow created the device.
+
+    Raises :class:`AllocatorInstallError` if :func:`install_gpu_arena` was not
+    called in this process, or if creating the arena failed (the message says why).
+    """
+    handle = ctypes.c_void_p()
+    err = ctypes.create_string_buffer(_ERRLEN)
+    rc = _clib().tfswap_gpu_arena(ctypes.byref(handle), err, _ERRLEN)
+    if rc == 2:
+        raise AllocatorInstallError("no tfswap budget arena is installed in this process; "
+                                    "call install_gpu_arena right after `import tensorflow`")
+    if rc == 1:
+        if err.value:
+            raise AllocatorInstallError(err.value.decode())
+        return None
+    return Arena(handle, owned=False, what="GPU arena")
+
+
+def installed_gpu_arena(device: str | None = None) -> Arena | None:
+    """The GPU's budget arena if one is installed and the device exists, else None.
+
+    ``device``: a TensorFlow device name ("/GPU:0", "/job:localhost/.../GPU:1");
+    None also when the arena is on another GPU.
+    """
+    if _arena_device_index is None:
+        return None
+    if device is not None:
+        import re
+
+        match = re.search(r"GPU:(\d+)$", device, re.IGNORECASE)
+        if match is None or int(match.group(1)) != _arena_device_index:
+            return None
+    try:
+        return gpu_arena()
+    except AllocatorInstallError:
+        return None
 
 
 _clib_lock = threading.Lock()
@@ -417,6 +758,21 @@ def _clib():
                 "tfswap_tf_pool_selftest": (ctypes.c_int, [i32, p, p, u64, u64, cp, i32, p, p,
                                                            p, p, cp, sz]),
                 "tfswap_testonly_create_tf_gpu_process_state": (None, []),
+                "tfswap_arena_create": (ctypes.c_int, [u64, p, cp, sz]),
+                "tfswap_arena_destroy": (None, [p]),
+                "tfswap_arena_add_layout": (ctypes.c_int, [p, i32, p, p, u64, u64, cp, p, p,
+                                                           cp, sz]),
+                "tfswap_arena_activate": (ctypes.c_int, [p, i32, cp, sz]),
+                "tfswap_arena_deactivate": (None, [p]),
+                "tfswap_arena_remove_layout": (ctypes.c_int, [p, i32, cp, sz]),
+                "tfswap_arena_allocate": (ctypes.c_int, [p, u64, p, cp, sz]),
+                "tfswap_arena_free": (ctypes.c_int, [p, u64, cp, sz]),
+                "tfswap_arena_stats": (None, [p, p, cp, sz]),
+                "tfswap_arena_layout_stats": (i32, [p, i32, p, p, p, i32, p]),
+                "tfswap_arena_clear_peak": (None, [p]),
+                "tfswap_arena_check": (ctypes.c_int, [p, cp, sz]),
+                "tfswap_install_gpu_arena": (ctypes.c_int, [u64, i32, cp, sz]),
+                "tfswap_gpu_arena": (ctypes.c_int, [p, cp, sz]),
             }
             for name, (res, args) in sig.items():
                 fn = getattr(lib, name)

@@ -1,5 +1,7 @@
 #include "pool_allocator.h"
 
+#include "pool_capi.h"
+
 #include <atomic>
 #include <cstring>
 #include <vector>
@@ -77,6 +79,63 @@ std::string PoolAllocator::last_error() const {
   return last_error_;
 }
 
+void* ArenaAllocator::AllocateRaw(size_t alignment, size_t num_bytes) {
+  AllocResult r = arena_->Allocate(num_bytes, alignment);
+  if (r.status != AllocStatus::kOk) {
+    LOG(ERROR) << r.error;
+    return nullptr;
+  }
+  return r.ptr;
+}
+
+void ArenaAllocator::DeallocateRaw(void* ptr) {
+  if (ptr == nullptr) return;
+  std::string error;
+  if (!arena_->Free(ptr, &error)) LOG(FATAL) << error;
+}
+
+size_t ArenaAllocator::RequestedSize(const void* ptr) const {
+  uint64_t requested = 0, allocated = 0;
+  if (!arena_->Lookup(ptr, &requested, &allocated)) {
+    LOG(FATAL) << "tfswap budget arena: RequestedSize of a pointer it does not hold";
+  }
+  return requested;
+}
+
+size_t ArenaAllocator::AllocatedSize(const void* ptr) const {
+  uint64_t requested = 0, allocated = 0;
+  if (!arena_->Lookup(ptr, &requested, &allocated)) {
+    LOG(FATAL) << "tfswap budget arena: AllocatedSize of a pointer it does not hold";
+  }
+  return allocated;
+}
+
+std::optional<tsl::AllocatorStats> ArenaAllocator::GetStats() {
+  const ArenaStats s = arena_->Stats();
+  tsl::AllocatorStats out;
+  out.num_allocs = static_cast<int64_t>(s.num_allocs);
+  out.bytes_in_use = static_cast<int64_t>(s.bytes_in_use);
+  out.peak_bytes_in_use = static_cast<int64_t>(s.peak_bytes_in_use);
+  out.largest_alloc_size = static_cast<int64_t>(s.largest_alloc_size);
+  // The device sizes itself from bytes_limit: the budget, reserved up front.
+  out.bytes_limit = static_cast<int64_t>(s.arena_bytes);
+  out.bytes_reserved = static_cast<int64_t>(s.arena_bytes);
+  out.peak_bytes_reserved = static_cast<int64_t>(s.arena_bytes);
+  out.pool_bytes = static_cast<int64_t>(s.arena_bytes);
+  out.peak_pool_bytes = static_cast<int64_t>(s.arena_bytes);
+  return out;
+}
+
+bool ArenaAllocator::ClearStats() {
+  arena_->ClearPeak();
+  return true;
+}
+
+tsl::AllocatorMemoryType ArenaAllocator::GetMemoryType() const {
+  return arena_->host_accessible() ? tsl::AllocatorMemoryType::kHostPageable
+                                   : tsl::AllocatorMemoryType::kDevice;
+}
+
 void* AllocatorMemorySource::Reserve(size_t bytes, size_t alignment, std::string* error) {
   void* p = from_->AllocateRaw(alignment, bytes);
   if (p == nullptr) {
@@ -90,10 +149,12 @@ void* AllocatorMemorySource::Reserve(size_t bytes, size_t alignment, std::string
 
 namespace {
 
+// Answers TF's GPU device factory for the planned device with either a plan's
+// pool (arena_bytes == 0: config is the plan) or the budget arena.
 class PoolGPUProcessState : public tensorflow::GPUProcessState {
  public:
-  PoolGPUProcessState(PoolConfig config, int device_index)
-      : config_(std::move(config)), device_index_(device_index) {}
+  PoolGPUProcessState(PoolConfig config, uint64_t arena_bytes, int device_index)
+      : config_(std::move(config)), arena_bytes_(arena_bytes), device_index_(device_index) {}
 
   using tensorflow::GPUProcessState::GetGPUAllocator;
 
@@ -106,27 +167,43 @@ class PoolGPUProcessState : public tensorflow::GPUProcessState {
       return device_allocator;
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (pool_ == nullptr) {
-      std::string error;
-      auto core = PoolCore::Create(
-          config_, std::make_unique<AllocatorMemorySource>(device_allocator), &error);
-      if (core == nullptr) {
-        error = "tfswap pool allocator (plan '" + config_.plan_id + "'): " + error;
-        LOG(ERROR) << error;
-        setup_error_ = error;
-        return nullptr;  // TF fails the device creation; no silent fallback
+    if (pool_ != nullptr) return pool_.get();
+    if (arena_ != nullptr) return arena_.get();
+    std::string error;
+    auto source = std::make_unique<AllocatorMemorySource>(device_allocator);
+    if (arena_bytes_ > 0) {
+      auto arena = BudgetArena::Create(arena_bytes_, std::move(source), &error);
+      if (arena != nullptr) {
+        arena_ = std::make_unique<ArenaAllocator>(std::move(arena));
+        LOG(INFO) << "tfswap budget arena active on GPU " << device_index_ << ": "
+                  << arena_bytes_ << " bytes";
+        return arena_.get();
       }
-      pool_ = std::make_unique<PoolAllocator>(std::move(core));
-      LOG(INFO) << "tfswap pool allocator active on GPU " << device_index_ << " for plan '"
-                << config_.plan_id << "': arena " << pool_->core().arena_bytes() << " bytes";
+      error = "tfswap budget arena: " + error;
+    } else {
+      auto core = PoolCore::Create(config_, std::move(source), &error);
+      if (core != nullptr) {
+        pool_ = std::make_unique<PoolAllocator>(std::move(core));
+        LOG(INFO) << "tfswap pool allocator active on GPU " << device_index_ << " for plan '"
+                  << config_.plan_id << "': arena " << pool_->core().arena_bytes() << " bytes";
+        return pool_.get();
+      }
+      error = "tfswap pool allocator (plan '" + config_.plan_id + "'): " + error;
     }
-    return pool_.get();
+    LOG(ERROR) << error;
+    setup_error_ = error;
+    return nullptr;  // TF fails the device creation; no silent fallback
   }
 
   PoolAllocator* pool() {
     std::lock_guard<std::mutex> lock(mu_);
     return pool_.get();
   }
+  ArenaAllocator* arena() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return arena_.get();
+  }
+  bool is_arena() const { return arena_bytes_ > 0; }
   std::string setup_error() {
     std::lock_guard<std::mutex> lock(mu_);
     return setup_error_;
@@ -134,21 +211,34 @@ class PoolGPUProcessState : public tensorflow::GPUProcessState {
 
  private:
   const PoolConfig config_;
+  const uint64_t arena_bytes_;
   const int device_index_;
   std::mutex mu_;
   std::unique_ptr<PoolAllocator> pool_;
+  std::unique_ptr<ArenaAllocator> arena_;
   std::string setup_error_;
 };
 
 std::atomic<PoolGPUProcessState*> g_installed{nullptr};
 
-void SetError(char* err, size_t errlen, const std::string& msg) {
-  if (err == nullptr || errlen == 0) return;
-  const size_t n = std::min(errlen - 1, msg.size());
-  std::memcpy(err, msg.data(), n);
-  err[n] = '\0';
+// 0: installed; 4: too late; 5: one is installed already.
+int Install(PoolConfig config, uint64_t arena_bytes, int device_index, char* err,
+            size_t errlen) {
+  if (g_installed.load() != nullptr) {
+    SetError(err, errlen, "a tfswap pool allocator is already installed in this "
+                          "process; one per process");
+    return 5;
+  }
+  auto* ours = new PoolGPUProcessState(std::move(config), arena_bytes, device_index);
+  tensorflow::GPUProcessState* got = tensorflow::GPUProcessState::singleton(ours);
+  if (got != ours) {
+    delete ours;  // never registered anywhere
+    SetError(err, errlen, "TensorFlow's GPUProcessState already exists (devices were created)");
+    return 4;
+  }
+  g_installed.store(ours);
+  return 0;
 }
-
 
 }  // namespace
 }  // namespace tfswap
@@ -165,8 +255,7 @@ int tfswap_install_gpu_pool(int32_t n_classes, const uint64_t* class_bytes,
                             uint64_t small_threshold_bytes, const char* plan_id,
                             const uint64_t* object_offsets, int32_t device_index, char* err,
                             size_t errlen) {
-  using tfswap::PoolGPUProcessState;
-  if (n_classes < 0 || device_index < 0) {
+    if (n_classes < 0 || device_index < 0) {
     tfswap::SetError(err, errlen, "n_classes and device_index must be >= 0");
     return 2;
   }
@@ -178,20 +267,32 @@ int tfswap_install_gpu_pool(int32_t n_classes, const uint64_t* class_bytes,
     tfswap::SetError(err, errlen, error);
     return 2;
   }
-  if (tfswap::g_installed.load() != nullptr) {
-    tfswap::SetError(err, errlen, "a tfswap pool allocator is already installed in this "
-                                  "process; one plan per process");
-    return 5;
+  return tfswap::Install(std::move(cfg), 0, device_index, err, errlen);
+}
+
+// The one-process flow: the budget arena of arena_bytes on GPU device_index.
+// Codes as tfswap_install_gpu_pool.
+int tfswap_install_gpu_arena(uint64_t arena_bytes, int32_t device_index, char* err,
+                             size_t errlen) {
+  if (arena_bytes == 0 || device_index < 0) {
+    tfswap::SetError(err, errlen, "the arena needs a budget > 0 bytes and a device index >= 0");
+    return 2;
   }
-  auto* ours = new PoolGPUProcessState(std::move(cfg), device_index);
-  tensorflow::GPUProcessState* got = tensorflow::GPUProcessState::singleton(ours);
-  if (got != ours) {
-    delete ours;  // never registered anywhere
-    tfswap::SetError(err, errlen,
-                     "TensorFlow's GPUProcessState already exists (devices were created)");
-    return 4;
+  return tfswap::Install(tfswap::PoolConfig{}, arena_bytes, device_index, err, errlen);
+}
+
+// *out: the installed arena (a handle for the tfswap_arena_* calls).
+// 0: *out set; 1: installed, but no device has asked for its allocator yet
+// (err: the setup error, if creating it failed); 2: no arena installed.
+int tfswap_gpu_arena(void** out, char* err, size_t errlen) {
+  tfswap::PoolGPUProcessState* ps = tfswap::g_installed.load();
+  if (ps == nullptr || !ps->is_arena()) return 2;
+  tfswap::ArenaAllocator* a = ps->arena();
+  if (a == nullptr) {
+    tfswap::SetError(err, errlen, ps->setup_error());
+    return 1;
   }
-  tfswap::g_installed.store(ours);
+  *out = &a->arena();
   return 0;
 }
 
@@ -202,7 +303,7 @@ int tfswap_install_gpu_pool(int32_t n_classes, const uint64_t* class_bytes,
 int tfswap_gpu_pool_stats(uint64_t* totals, uint64_t* per_class, uint64_t* small,
                           int32_t* n_classes, char* err, size_t errlen) {
   tfswap::PoolGPUProcessState* ps = tfswap::g_installed.load();
-  if (ps == nullptr) return 2;
+  if (ps == nullptr || ps->is_arena()) return 2;
   tfswap::PoolAllocator* pool = ps->pool();
   if (pool == nullptr) {
     tfswap::SetError(err, errlen, ps->setup_error());

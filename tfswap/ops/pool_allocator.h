@@ -28,6 +28,7 @@
 #include <mutex>
 #include <string>
 
+#include "pool_arena.h"
 #include "pool_core.h"
 #include "xla/tsl/framework/allocator.h"
 
@@ -57,6 +58,35 @@ class PoolAllocator : public tsl::Allocator {
   std::unique_ptr<PoolCore> core_;
   mutable std::mutex error_mu_;
   std::string last_error_;
+};
+
+// Name() of every ArenaAllocator.  Not kPoolAllocatorName: a request the
+// active plan cannot serve comes from the arena's free ranges, which the plan
+// does not order, so SwapIn keeps TensorFlow's wait for the compute stream.
+inline constexpr char kArenaAllocatorName[] = "tfswap_arena";
+
+// The budget arena (pool_arena.h) as a TensorFlow device allocator.  A failed
+// request logs the arena's message and returns nullptr (TF raises
+// ResourceExhausted in the op); ClearStats starts a new peak, so
+// tf.config.experimental.reset_memory_stats works on the device.
+class ArenaAllocator : public tsl::Allocator {
+ public:
+  explicit ArenaAllocator(std::unique_ptr<BudgetArena> arena) : arena_(std::move(arena)) {}
+
+  std::string Name() override { return kArenaAllocatorName; }
+  void* AllocateRaw(size_t alignment, size_t num_bytes) override;
+  void DeallocateRaw(void* ptr) override;
+  bool TracksAllocationSizes() const override { return true; }
+  size_t RequestedSize(const void* ptr) const override;
+  size_t AllocatedSize(const void* ptr) const override;
+  std::optional<tsl::AllocatorStats> GetStats() override;
+  bool ClearStats() override;
+  tsl::AllocatorMemoryType GetMemoryType() const override;
+
+  BudgetArena& arena() { return *arena_; }
+
+ private:
+  std::unique_ptr<BudgetArena> arena_;
 };
 
 // A MemorySource that takes the arena, once, from another tsl::Allocator.

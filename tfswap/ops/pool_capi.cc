@@ -13,9 +13,10 @@
 #include <unordered_map>
 #include <utility>
 
+#include "pool_capi.h"
 #include "pool_core.h"
 
-namespace {
+namespace tfswap {
 
 void SetError(char* err, size_t errlen, const std::string& msg) {
   if (err == nullptr || errlen == 0) return;
@@ -23,6 +24,38 @@ void SetError(char* err, size_t errlen, const std::string& msg) {
   std::memcpy(err, msg.data(), n);
   err[n] = '\0';
 }
+
+int32_t PackPoolStats(const tfswap::PoolStats& s, uint64_t* totals, uint64_t* per_class,
+                      uint64_t* small) {
+  totals[0] = s.bytes_limit;
+  totals[1] = s.bytes_in_use;
+  totals[2] = s.peak_bytes_in_use;
+  totals[3] = s.num_allocs;
+  totals[4] = s.largest_alloc_size;
+  for (size_t i = 0; i < s.classes.size(); ++i) {
+    const tfswap::ClassStats& c = s.classes[i];
+    uint64_t* row = per_class + 5 * i;
+    row[0] = c.class_bytes;
+    row[1] = c.count;
+    row[2] = c.in_use;
+    row[3] = c.peak_in_use;
+    row[4] = c.num_allocs;
+  }
+  small[0] = s.small.limit_bytes;
+  small[1] = s.small.in_use_bytes;
+  small[2] = s.small.peak_in_use_bytes;
+  small[3] = s.small.requested_in_use_bytes;
+  small[4] = s.small.carved_bytes;
+  small[5] = s.small.num_allocs;
+  return static_cast<int32_t>(s.classes.size());
+}
+
+}  // namespace tfswap
+
+namespace {
+
+using tfswap::SetError;
+using tfswap::PackPoolStats;
 
 int CodeOf(tfswap::AllocStatus s) {
   switch (s) {
@@ -118,34 +151,11 @@ int tfswap_pool_replay(void* pool_ptr, int64_t n_events, const uint8_t* is_alloc
   return 0;
 }
 
-// totals = {bytes_limit, bytes_in_use, peak_bytes_in_use, num_allocs,
-//           largest_alloc_size}; per_class = n x {class_bytes, count, in_use,
-//           peak_in_use, num_allocs}; small = {limit_bytes, in_use_bytes,
-//           peak_in_use_bytes, requested_in_use_bytes, carved_bytes, num_allocs}.
+// Layout of the arrays: PackPoolStats (pool_capi.h).
 int32_t tfswap_pool_stats(void* pool_ptr, uint64_t* totals, uint64_t* per_class,
                           uint64_t* small) {
-  const tfswap::PoolStats s = static_cast<tfswap::PoolCore*>(pool_ptr)->Stats();
-  totals[0] = s.bytes_limit;
-  totals[1] = s.bytes_in_use;
-  totals[2] = s.peak_bytes_in_use;
-  totals[3] = s.num_allocs;
-  totals[4] = s.largest_alloc_size;
-  for (size_t i = 0; i < s.classes.size(); ++i) {
-    const tfswap::ClassStats& c = s.classes[i];
-    uint64_t* row = per_class + 5 * i;
-    row[0] = c.class_bytes;
-    row[1] = c.count;
-    row[2] = c.in_use;
-    row[3] = c.peak_in_use;
-    row[4] = c.num_allocs;
-  }
-  small[0] = s.small.limit_bytes;
-  small[1] = s.small.in_use_bytes;
-  small[2] = s.small.peak_in_use_bytes;
-  small[3] = s.small.requested_in_use_bytes;
-  small[4] = s.small.carved_bytes;
-  small[5] = s.small.num_allocs;
-  return static_cast<int32_t>(s.classes.size());
+  return PackPoolStats(static_cast<tfswap::PoolCore*>(pool_ptr)->Stats(), totals, per_class,
+                       small);
 }
 
 int tfswap_pool_check(void* pool_ptr, char* err, size_t errlen) {

@@ -103,6 +103,7 @@ enum class AllocStatus : int {
   kTooLarge = 3,         // larger than the largest class
   kBadAlignment = 4,     // alignment above kObjectAlignment
   kMemoryInUse = 5,      // shared layout: every free object overlaps a live one
+  kArenaFull = 6,        // budget arena (pool_arena.h): no free range large enough
 };
 
 constexpr int32_t kSmallPoolClass = -1;
@@ -114,6 +115,7 @@ struct AllocResult {
   int64_t object_index = -1;              // object within the class, or the
                                           // block's offset / kSmallUnit
   uint64_t class_bytes = 0;               // the class's size (or block bytes)
+  int32_t layout = -1;                    // budget arena: the layout that served it
   std::string error;                      // set when status != kOk
 };
 

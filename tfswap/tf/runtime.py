@@ -66,10 +66,13 @@ def function_config(config: config_pb2.ConfigProto):
 class BoundFunction:
     """A GraphDef that runs like the original ConcreteFunction, on its live variables."""
 
-    def __init__(self, captured: CapturedFunction, graph_def, config=None):
+    def __init__(self, captured: CapturedFunction, graph_def, config=None, memory_scope=None):
         self.captured = captured
         self.graph_def = graph_def
         self.config = config if config is not None else grappler_config()
+        # A zero-argument callable giving a context manager each call runs in:
+        # the budget arena's binding of the plan's pool (tfswap.ops.allocator).
+        self.memory_scope = memory_scope
         specs = [tf.TensorSpec(a.shape, a.dtype, name=a.name.partition(":")[0])
                  for a in captured.args]
 
@@ -109,7 +112,11 @@ class BoundFunction:
 
     def __call__(self, *args, **kwargs):
         flat = self._flat_args(args, kwargs)
-        with function_config(self.config):
+        memory = self.memory_scope() if self.memory_scope is not None else \
+            contextlib.nullcontext()
+        # The function call returns once every kernel was issued, so every
+        # allocation of the step happens inside the scope.
+        with function_config(self.config), memory:
             outputs = self._wrapped(*flat)
         if not isinstance(outputs, (list, tuple)):
             outputs = [outputs]
@@ -119,6 +126,9 @@ class BoundFunction:
             self.captured.structured_outputs)
 
 
-def bind(captured: CapturedFunction, graph_def, config=None) -> BoundFunction:
-    """Make ``graph_def`` (the captured graph, rewritten or not) callable."""
-    return BoundFunction(captured, graph_def, config)
+def bind(captured: CapturedFunction, graph_def, config=None,
+         memory_scope=None) -> BoundFunction:
+    """Make ``graph_def`` (the captured graph, rewritten or not) callable;
+    ``memory_scope`` (optional): a zero-argument callable whose context manager
+    each call runs in."""
+    return BoundFunction(captured, graph_def, config, memory_scope)
