@@ -3,6 +3,7 @@
     python benchmarks/gpu_validate.py [--models cnn,resnet50,resnet50_host,resnet50_auto,bert,...]
         [--verify-rounds 3] [--generations 5] [--workers N] [--out benchmarks/out/gpu_validate_h100.csv]
     python benchmarks/gpu_validate.py --emulated --small ...      # the same, small, on the CPU
+    python benchmarks/gpu_validate.py --arena --models resnet50 --out benchmarks/out/gpu_arena_h100.csv
     python benchmarks/gpu_validate.py --merge a.csv b.csv --out benchmarks/out/gpu_validate_h100.csv
 
 Rows (fractions of the unmodified step's measured device peak):
@@ -37,6 +38,18 @@ each 10), variables put back afterwards.  With ``--verify-rounds 0`` optimize
 trusts its memory model, so the predicted and measured columns are the
 model's accuracy.
 
+``--arena`` (issue #19, point 6): the pool allocator in one process.  Each row
+runs in a process of its own whose GPU allocates everything from a budget arena
+of the row's budget (``tfswap.ops.allocator.install_gpu_arena``, before
+TensorFlow creates the device), so the step cannot use more than the budget:
+it fits or fails out of memory.  The unmodified step cannot run there, so a
+first process per model measures it and saves its training (the initial
+variables, the batch, 3 steps' losses and final variables) beside the CSV;
+each row's process starts the optimised step from those variables and compares.
+The row adds the arena's figures (``arena_*``: strays, the plan's pool).  On
+the emulated device (no GPU to install an arena on) ``--arena`` runs the same
+processes and comparisons without one.
+
 Writes the CSV (``--out``; columns :data:`COLUMNS`) after each model, and beside it
 ``<out>.jsonl`` (each row with its notes, the plan's report, errors) and
 ``<out>.log`` (the subprocesses' stderr).
@@ -44,6 +57,7 @@ Writes the CSV (``--out``; columns :data:`COLUMNS`) after each model, and beside
 
 import argparse
 import gc
+import json
 import os
 import sys
 import time
@@ -120,7 +134,12 @@ def parse_args(argv=None):
     parser.add_argument("--out", default="benchmarks/out/gpu_validate_h100.csv")
     parser.add_argument("--merge", nargs="+", default=None, metavar="CSV",
                         help="only merge these CSVs (and their .jsonl) into --out")
+    parser.add_argument("--arena", action="store_true",
+                        help="each row in a process whose GPU allocates from a budget arena "
+                             "of the row's budget (install_gpu_arena); device-homed models")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--arena-base", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--arena-row", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     table = SMALL if args.small else FULL
     args.models = [m for m in args.models.split(",") if m]
@@ -129,6 +148,11 @@ def parse_args(argv=None):
         parser.error(f"unknown model(s) {unknown}; choose from {sorted(table)}")
     if args.verify_rounds < 0:
         parser.error("--verify-rounds must be >= 0")
+    if args.arena:
+        homed = [m for m in args.models if table[m][3] != "device"]
+        if homed:
+            parser.error(f"--arena runs device-homed models; {homed} move or home their "
+                         "variables elsewhere")
     return args
 
 
@@ -198,6 +222,11 @@ def same_as_reference(reference, step, fast, steps: int = 3):
 
 def run_model(name: str, args) -> None:
     """Measure every row of ``name`` and emit each for the parent (trials.emit)."""
+    arena_row = json.loads(args.arena_row) if args.arena_row else None
+    if arena_row is not None and not args.emulated:
+        from tfswap.ops import allocator   # before anything creates the GPU
+
+        allocator.install_gpu_arena(arena_row["budget_bytes"])
     if args.emulated:
         from tfswap.tf import emulate
 
@@ -228,7 +257,11 @@ def run_model(name: str, args) -> None:
 
         device_name = gpu.device_name(device)
 
+    if arena_row is not None:
+        return arena_rows(name, args, arena_row, build(), device, method, timing)
     step = build()
+    if args.arena_base:
+        return arena_base(name, args, step, device, method, timing)
     captured = capture.capture(step.concrete_fn, device=device)
     sync(step.concrete_fn(*step.batch))   # traced, and (GPU) autotuned once
     base_peak, base_how = peak(step.concrete_fn, captured.graph_def, step.batch, captured,
@@ -294,6 +327,96 @@ def run_model(name: str, args) -> None:
         gc.collect()
 
 
+# ---------------------------------------------------------------- --arena
+
+
+def reference_path(out, name: str) -> Path:
+    return Path(out).with_suffix(f".{name}.reference.npz")
+
+
+def arena_base(name: str, args, step, device, method, timing) -> None:
+    """The unmodified step, measured and trained without an arena: its peak, its
+    time, and 3 steps from its initial variables saved for the rows to compare."""
+    import numpy as np
+
+    from tests.tf.equality import run_steps
+    from tfswap.tf import capture
+
+    captured = capture.capture(step.concrete_fn, device=device)
+    variables = captured.variables
+    initial = [v.numpy() for v in variables]
+    batch = [np.asarray(t) for t in step.batch]
+    sync(step.concrete_fn(*step.batch))
+    base_peak, base_how = peak(step.concrete_fn, captured.graph_def, step.batch, captured,
+                               device, method)
+    base_time = step_time(step.concrete_fn, step.batch, variables, **timing)
+    losses, final = run_steps(step.concrete_fn, variables, initial, step.batch, steps=3)
+    arrays = {f"initial_{k}": a for k, a in enumerate(initial)}
+    arrays.update({f"final_{k}": a for k, a in enumerate(final)})
+    arrays.update({f"batch_{k}": a for k, a in enumerate(batch)})
+    np.savez(reference_path(args.out, name), losses=np.array(losses),
+             names=np.array([v.name for v in variables]), **arrays)
+    emit(dict(model=name, arena_base=True, unmodified_peak_bytes=base_peak,
+              unmodified_step_s=base_time, measured_how=base_how))
+
+
+def arena_rows(name: str, args, given: dict, step, device, method, timing) -> None:
+    """One row inside the budget arena: optimize at its budget, measure, and compare
+    3 steps with the unmodified step's saved ones."""
+    import numpy as np
+    import tensorflow as tf
+
+    import tfswap
+    from tfswap.ops import allocator
+
+    saved = np.load(reference_path(args.out, name))
+    row = dict(model=name, batch=given["batch"], fraction=given["fraction"],
+               budget_bytes=given["budget_bytes"], unmodified_step_s=given["unmodified_step_s"],
+               unmodified_peak_bytes=given["unmodified_peak_bytes"], device=device,
+               verify_rounds=args.verify_rounds, generations=args.generations)
+    arena = allocator.installed_gpu_arena(device)
+    row["arena"] = "installed" if arena is not None else "none (the emulated device)"
+    fast = None
+    try:
+        batch = [tf.constant(saved[f"batch_{k}"]) for k in range(len(step.batch))]
+        variables = None
+        start = time.perf_counter()
+        fast = tfswap.optimize(step.concrete_fn, given["budget_bytes"],
+                               generations=args.generations, seed=0, workers=args.workers,
+                               inputs=batch, verify_rounds=args.verify_rounds)
+        row["plan_s"] = time.perf_counter() - start
+        variables = fast.captured.variables
+        names = [v.name for v in variables]
+        if names != [str(n) for n in saved["names"]]:
+            raise RuntimeError(f"{name}: the model's variables differ from the saved "
+                               "reference's; re-run without --arena-row")
+        row.update(predicted_peak_bytes=fast.plan.prediction.peak_bytes,
+                   predicted_step_s=fast.plan.prediction.step_time_s, spec=fast.spec.name,
+                   swaps=len(fast.plan.swaps), planner=fast.plan.planner,
+                   optimize_measured_peak_bytes=fast.measured_peak_bytes,
+                   optimize_measured_on=fast.measured_on, notes=list(fast.notes),
+                   report=fast.report())
+        row["measured_peak_bytes"], row["measured_how"] = peak(
+            fast, fast.graph_def, batch, fast.captured, device, method)
+        row["measured_step_s"] = step_time(fast, batch, variables, **timing)
+        from tests.tf.equality import run_steps
+
+        initial = [saved[f"initial_{k}"] for k in range(len(variables))]
+        losses, got = run_steps(fast, variables, initial, batch, steps=3)
+        row["identical"], row["worst_relative_difference"] = _compared(
+            [float(x) for x in saved["losses"]], losses,
+            [saved[f"final_{k}"] for k in range(len(variables))], got)
+    except Exception as err:   # out of memory inside the arena is a result
+        row["error"] = f"{type(err).__name__}: {err}"[:2000]
+        row["traceback"] = traceback.format_exc()[-4000:]
+    if arena is not None:
+        s = arena.stats()
+        row.update(arena_bytes=s.arena_bytes, arena_peak_bytes=s.peak_bytes_in_use,
+                   arena_strays=s.strays, arena_stray_bytes=s.stray_bytes,
+                   arena_last_stray=s.last_stray, arena_carved_bytes=s.carved_bytes)
+    emit(row)
+
+
 # ---------------------------------------------------------------- the parent
 
 def write(rows, out: Path) -> None:
@@ -321,6 +444,36 @@ def summary(row) -> str:
             f"plan {row['plan_s']:.1f} s")
 
 
+def _child_rows(name: str, cmd, env, log: Path, timeout_s) -> list:
+    rows, failure = run_child(cmd, env, log, timeout_s, cwd=str(ROOT))
+    if failure and not rows:
+        rows.append(dict(model=name, error=f"the model's subprocess failed: {failure} "
+                                            f"(see {log.name})"))
+    elif failure:
+        rows[-1].setdefault("error", f"the model's subprocess then failed: {failure}")
+    return rows
+
+
+def arena_children(name: str, args, cmd, env, log: Path) -> list:
+    """--arena: the unmodified step in one process, then each fraction in its own."""
+    base = _child_rows(name, cmd + ["--arena-base"], env, log, args.timeout_s)
+    if not base or base[0].get("error") or not base[0].get("arena_base"):
+        return base
+    base = base[0]
+    _, batch, fractions, _ = (SMALL if args.small else FULL)[name]
+    if args.fractions:
+        fractions = tuple(float(f) for f in args.fractions.split(","))
+    rows = []
+    for fraction in fractions:
+        given = dict(batch=batch, fraction=fraction,
+                     budget_bytes=int(fraction * base["unmodified_peak_bytes"]),
+                     unmodified_peak_bytes=base["unmodified_peak_bytes"],
+                     unmodified_step_s=base["unmodified_step_s"])
+        rows += _child_rows(name, cmd + ["--arena-row", json.dumps(given)], env, log,
+                            args.timeout_s)
+    return rows
+
+
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.out)
@@ -340,12 +493,10 @@ def main(argv=None):
     for name in args.models:
         started = time.perf_counter()
         cmd = [sys.executable, str(Path(__file__).resolve()), *passed, "--child", name]
-        mine, failure = run_child(cmd, env, log, args.timeout_s, cwd=str(ROOT))
-        if failure and not mine:
-            mine.append(dict(model=name, error=f"the model's subprocess failed: {failure} "
-                                                f"(see {log.name})"))
-        elif failure:
-            mine[-1].setdefault("error", f"the model's subprocess then failed: {failure}")
+        if args.arena:
+            mine = arena_children(name, args, cmd, env, log)
+        else:
+            mine = _child_rows(name, cmd, env, log, args.timeout_s)
         rows += mine
         for row in mine:
             print(summary(row), flush=True)

@@ -152,3 +152,22 @@ def test_gradient_checkpointing_trains_as_the_plain_step():
     assert got == ref
     for a, b in zip(plain.model.get_weights(), checkpointed.model.get_weights()):
         assert np.array_equal(a, b)
+
+
+def test_gpu_validate_arena_rows_run_apart_and_compare_with_the_saved_unmodified_training(
+        tmp_path):
+    """--arena (issue #19, point 6): the unmodified step in one process, which saves
+    its training; each row in its own, compared with it.  No GPU here, so no arena
+    is installed; the processes and the comparison are what is checked."""
+    out = tmp_path / "arena.csv"
+    _run("benchmarks/gpu_validate.py", "--emulated", "--small", "--arena", "--models", "cnn",
+         "--fractions", "0.5", "--generations", "1", "--workers", "1", "--out", str(out))
+    details = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
+    assert len(details) == 1
+    row = details[0]
+    assert "error" not in row, row.get("traceback")
+    assert row["arena"] == "none (the emulated device)"
+    assert row["budget_bytes"] == int(0.5 * row["unmodified_peak_bytes"])
+    assert 0 < row["measured_peak_bytes"] <= row["budget_bytes"]
+    assert row["identical"] is True and row["worst_relative_difference"] == 0.0
+    assert (tmp_path / "arena.cnn.reference.npz").exists()

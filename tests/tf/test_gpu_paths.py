@@ -280,3 +280,25 @@ def test_under_a_budget_arena_the_plan_binds_its_pool_and_each_call_runs_in_it(m
         pipeline.prepare(step.concrete_fn, pipeline.Options.of(
             arena.stats().arena_bytes + 1, generations=2, seed=0, workers=1,
             inputs=step.batch))
+
+
+def test_a_plan_pool_the_arena_cannot_hold_is_out_of_memory_and_planned_again(monkeypatch):
+    from tfswap.ops import allocator
+
+    step = zoo.cnn(batch=8, image=8, channels=24, blocks=3)
+    options = pipeline.Options.of(1.0, generations=2, seed=0, workers=1, inputs=step.batch)
+    prepared = pipeline.prepare(step.concrete_fn, options)
+    prepared = pipeline.with_budget(prepared, int(0.7 * prepared.profile.peak_bytes))
+    attempt = pipeline.first_attempt(prepared)
+    planned = pipeline.plan(prepared, attempt, planner="tfswap.order")
+    _cpu_allocator_counting(prepared.captured, step.batch)
+    tiny = allocator.Arena.host(4096)
+    monkeypatch.setattr(measure, "peak_method", lambda device, emulated: measure.ALLOCATOR)
+    monkeypatch.setattr(allocator, "installed_gpu_arena", lambda device=None: tiny)
+    before = [v.numpy() for v in prepared.captured.variables]
+    verified = pipeline.verify(pipeline.materialize(planned))
+    assert verified.out_of_memory and not verified.within_budget
+    assert "budget arena of 4096 bytes" in verified.measured_on
+    for v, value in zip(prepared.captured.variables, before):
+        assert np.array_equal(v.numpy(), value), f"{v.name} changed"
+    assert pipeline.refine(verified).replans == attempt.replans + 1

@@ -322,6 +322,10 @@ def allocator_peak(fn, inputs, captured: CapturedFunction, device: str, runs: in
     if runs < 1 or warmup < 0:
         raise ValueError(f"need runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     name = _allocator_name(device)
+    from tfswap.ops.allocator import ArenaFull
+
+    # Out of memory: TF's error, or (budget arena) no room to carve the plan's pool.
+    oom = (tf.errors.ResourceExhaustedError, ArenaFull)
     variables = captured.variables
     saved = [v.numpy() for v in variables] if restore else None
     peaks, out_of_memory = [], False
@@ -329,7 +333,7 @@ def allocator_peak(fn, inputs, captured: CapturedFunction, device: str, runs: in
         for _ in range(warmup):
             try:
                 _sync(fn(*inputs))
-            except tf.errors.ResourceExhaustedError:
+            except oom:
                 break   # the measured run below fails again, and says how far it got
         for _ in range(runs):
             _sync(())   # nothing pending from before
@@ -337,7 +341,7 @@ def allocator_peak(fn, inputs, captured: CapturedFunction, device: str, runs: in
             before = int(tf.config.experimental.get_memory_info(name)["current"])
             try:
                 _sync(fn(*inputs))
-            except tf.errors.ResourceExhaustedError:
+            except oom:
                 out_of_memory = True
             peaks.append(int(tf.config.experimental.get_memory_info(name)["peak"]) - before)
             if out_of_memory:
