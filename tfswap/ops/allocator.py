@@ -636,6 +636,22 @@ class Arena:
         pool = _unpack_stats(totals, per_class, small, n) if carved else None
         return LayoutStats(bool(carved), offset, nbytes, pool)
 
+    def stress(self, layout: int, *, threads: int = 8, ops_per_thread: int = 20000,
+               seed: int = 0) -> int:
+        """Hammer a host arena from ``threads`` C++ threads while another one
+        activates and deactivates ``layout`` at random; return the allocations
+        made.  Raises ``RuntimeError`` on corruption or inconsistent counters."""
+        self._host_only("stress")
+        if threads <= 0 or ops_per_thread < 0:
+            raise ValueError("threads must be > 0 and ops_per_thread >= 0")
+        done = ctypes.c_uint64(0)
+        err = ctypes.create_string_buffer(_ERRLEN)
+        rc = self._lib.tfswap_arena_stress(self._h(), int(layout), threads, ops_per_thread,
+                                           seed, ctypes.byref(done), err, _ERRLEN)
+        if rc != _RC_OK:
+            raise RuntimeError(f"arena stress test failed: {err.value.decode()}")
+        return done.value
+
     def clear_peak(self) -> None:
         """Start a new peak from what is in use now."""
         self._lib.tfswap_arena_clear_peak(self._h())
@@ -771,6 +787,7 @@ def _clib():
                 "tfswap_arena_layout_stats": (i32, [p, i32, p, p, p, i32, p]),
                 "tfswap_arena_clear_peak": (None, [p]),
                 "tfswap_arena_check": (ctypes.c_int, [p, cp, sz]),
+                "tfswap_arena_stress": (ctypes.c_int, [p, i32, i32, i64, u64, p, cp, sz]),
                 "tfswap_install_gpu_arena": (ctypes.c_int, [u64, i32, cp, sz]),
                 "tfswap_gpu_arena": (ctypes.c_int, [p, cp, sz]),
             }

@@ -6,10 +6,15 @@
 // Return codes: 0 ok, 1 no room (the arena, or the plan's pool on carving),
 // 2 bad argument, 3 internal inconsistency found.  Messages go to err.
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <random>
+#include <thread>
 
 #include "pool_arena.h"
 #include "pool_capi.h"
+#include "pool_stress.h"
 
 namespace {
 
@@ -134,6 +139,85 @@ int tfswap_arena_check(void* arena, char* err, size_t errlen) {
   if (Arena(arena)->CheckConsistency(&error)) return 0;
   tfswap::SetError(err, errlen, error);
   return 3;
+}
+
+// n_threads threads allocate and free at random (pool_stress.h) sizes that map
+// to layout `layout`'s classes and small pool, while one more thread activates
+// and deactivates that layout at random: requests land in the plan's pool, in
+// the free ranges, or stray, concurrently with the switches, as TF's executor
+// threads allocate while the Python thread binds a step.  The arena must hold
+// nothing when it starts and be empty and consistent at the end.
+int tfswap_arena_stress(void* arena, int32_t layout, int32_t n_threads, int64_t ops_per_thread,
+                        uint64_t seed, uint64_t* successful_allocs, char* err, size_t errlen) {
+  tfswap::BudgetArena* a = Arena(arena);
+  tfswap::LayoutPlace place;
+  tfswap::PoolStats unused;
+  if (!a->host_accessible() || n_threads <= 0 || ops_per_thread < 0 ||
+      !a->LayoutStats(layout, &place, &unused)) {
+    tfswap::SetError(err, errlen, "stress needs a host arena, a layout of it, n_threads > 0 "
+                                  "and ops_per_thread >= 0");
+    return 2;
+  }
+  const tfswap::ArenaStats before = a->Stats();
+  if (before.bytes_in_use != 0) {
+    tfswap::SetError(err, errlen, "stress needs an arena that holds nothing");
+    return 2;
+  }
+  tfswap::PoolConfig cfg;
+  std::string error;
+  if (!a->LayoutConfig(layout, &cfg)) {
+    tfswap::SetError(err, errlen, "no layout " + std::to_string(layout));
+    return 2;
+  }
+  std::atomic<bool> done{false};
+  std::atomic<bool> switch_failed{false};
+  std::string switch_error;
+  std::thread switcher([&] {
+    std::mt19937_64 rng(seed ^ 0x5eed);
+    while (!done.load()) {
+      if (rng() % 2) {
+        std::string why;
+        if (!a->Activate(layout, &why) && why.find("no free block") == std::string::npos &&
+            why.find("needs one free block") == std::string::npos) {
+          switch_error = why;
+          switch_failed.store(true);
+          return;
+        }
+      } else {
+        a->Deactivate();
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 50));
+    }
+  });
+  std::atomic<uint64_t> allocs{0};
+  const bool ok = tfswap::StressThreads(
+      n_threads, ops_per_thread, seed,
+      [a](uint64_t bytes) { return a->Allocate(bytes, 64); },
+      [a](void* p, std::string* why) { return a->Free(p, why); },
+      [&cfg](std::mt19937_64& rng) { return tfswap::PickPoolSize(cfg, rng); }, &allocs,
+      &error);
+  done.store(true);
+  switcher.join();
+  a->Deactivate();
+  *successful_allocs = allocs.load();
+  if (!ok || switch_failed.load()) {
+    tfswap::SetError(err, errlen, ok ? switch_error : error);
+    return 3;
+  }
+  if (!a->CheckConsistency(&error)) {
+    tfswap::SetError(err, errlen, error);
+    return 3;
+  }
+  const tfswap::ArenaStats s = a->Stats();
+  if (s.bytes_in_use != 0 || s.num_allocs - before.num_allocs != allocs.load()) {
+    tfswap::SetError(err, errlen, "after the stress run the arena holds " +
+                                      std::to_string(s.bytes_in_use) + " bytes and counted " +
+                                      std::to_string(s.num_allocs - before.num_allocs) +
+                                      " allocations, threads made " +
+                                      std::to_string(allocs.load()));
+    return 3;
+  }
+  return 0;
 }
 
 }  // extern "C"

@@ -24,7 +24,7 @@ from pathlib import Path
 SOURCES = ("swap_ops.cc", "pool_core.cc", "pool_capi.cc", "pool_arena.cc", "arena_capi.cc",
            "pool_allocator.cc")
 # Headers are hashed with the sources (cache key) and shipped in the package.
-HEADERS = ("pool_core.h", "pool_capi.h", "pool_arena.h", "pool_allocator.h")
+HEADERS = ("pool_core.h", "pool_capi.h", "pool_arena.h", "pool_stress.h", "pool_allocator.h")
 SOURCE_DIR = Path(__file__).resolve().parent
 # Beside each built library: "<TF version> <sources digest>".  A custom-op
 # library only loads into the TensorFlow it was compiled against, and nothing

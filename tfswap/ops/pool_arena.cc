@@ -346,6 +346,13 @@ bool BudgetArena::LayoutStats(int32_t id, LayoutPlace* place, PoolStats* stats) 
   return true;
 }
 
+bool BudgetArena::LayoutConfig(int32_t id, PoolConfig* config) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (id < 0 || id >= static_cast<int32_t>(layouts_.size()) || layouts_[id].removed) return false;
+  *config = layouts_[id].config;
+  return true;
+}
+
 std::string BudgetArena::last_stray() const {
   std::lock_guard<std::mutex> lock(mu_);
   return last_stray_;

@@ -105,6 +105,8 @@ class BudgetArena {
   ArenaStats Stats() const;
   // False for an unknown id.  *stats is left alone while the layout is not carved.
   bool LayoutStats(int32_t id, LayoutPlace* place, PoolStats* stats) const;
+  // A copy of layout id's config; false for an unknown id.
+  bool LayoutConfig(int32_t id, PoolConfig* config) const;
   std::string last_stray() const;
   void ClearPeak();
   // Free and used ranges tile the arena, the counters agree, and each carved

@@ -15,6 +15,7 @@
 
 #include "pool_capi.h"
 #include "pool_core.h"
+#include "pool_stress.h"
 
 namespace tfswap {
 
@@ -192,74 +193,15 @@ int tfswap_pool_stress(void* pool_ptr, int32_t n_threads, int64_t ops_per_thread
   }
   const tfswap::PoolConfig& cfg = pool->config();
   std::atomic<uint64_t> allocs{0};
-  std::atomic<bool> failed{false};
-  std::mutex err_mu;
   std::string first_error;
-  auto fail = [&](const std::string& msg) {
-    std::lock_guard<std::mutex> lock(err_mu);
-    if (!failed.exchange(true)) first_error = msg;
-  };
-
-  auto worker = [&](int t) {
-    std::mt19937_64 rng(seed * 1000003 + t);
-    struct Held { unsigned char* p; uint64_t bytes; unsigned char stamp; };
-    std::vector<Held> held;
-    auto stamp_span = [](uint64_t bytes) { return std::min<uint64_t>(bytes, 4096); };
-    auto check_and_free = [&](size_t k) {
-      Held h = held[k];
-      held[k] = held.back();
-      held.pop_back();
-      const uint64_t span = stamp_span(h.bytes);
-      for (uint64_t b = 0; b < span; ++b) {
-        if (h.p[b] != h.stamp) { fail("corruption: a live buffer was overwritten"); return; }
-      }
-      for (uint64_t b = h.bytes - std::min<uint64_t>(h.bytes, 64); b < h.bytes; ++b) {
-        if (h.p[b] != h.stamp) { fail("corruption at the end of a live buffer"); return; }
-      }
-      std::string error;
-      if (!pool->Free(h.p, &error)) fail(error);
-    };
-    for (int64_t step = 0; step < ops_per_thread && !failed.load(); ++step) {
-      const bool do_alloc = held.empty() || (rng() % 100) < 55;
-      if (!do_alloc) {
-        check_and_free(rng() % held.size());
-        continue;
-      }
-      uint64_t bytes;
-      const size_t k = cfg.class_bytes.size();
-      const uint64_t choice = rng() % (k + 1);
-      if (choice == k || k == 0) {
-        bytes = 1 + rng() % std::max<uint64_t>(1, std::min<uint64_t>(cfg.small_threshold_bytes - 1, 8192));
-      } else {
-        const uint64_t hi = cfg.class_bytes[choice];
-        const uint64_t lo = std::max<uint64_t>(
-            choice == 0 ? cfg.small_threshold_bytes : cfg.class_bytes[choice - 1] + 1,
-            cfg.small_threshold_bytes);
-        if (lo > hi) continue;  // a class entirely below the threshold is never used
-        bytes = lo + rng() % (hi - lo + 1);
-      }
-      tfswap::AllocResult r = pool->Allocate(bytes, 64);
-      if (r.status == tfswap::AllocStatus::kOk) {
-        allocs.fetch_add(1);
-        const unsigned char stamp = static_cast<unsigned char>(rng() | 1);
-        auto* p = static_cast<unsigned char*>(r.ptr);
-        std::memset(p, stamp, stamp_span(bytes));
-        std::memset(p + bytes - std::min<uint64_t>(bytes, 64), stamp, std::min<uint64_t>(bytes, 64));
-        held.push_back({p, bytes, stamp});
-      } else if (r.status == tfswap::AllocStatus::kBadAlignment) {
-        fail(r.error);
-      } else if (!held.empty()) {
-        check_and_free(rng() % held.size());
-      }
-    }
-    while (!held.empty()) check_and_free(held.size() - 1);
-  };
-
-  std::vector<std::thread> threads;
-  for (int t = 0; t < n_threads; ++t) threads.emplace_back(worker, t);
-  for (auto& th : threads) th.join();
+  const bool ok = tfswap::StressThreads(
+      n_threads, ops_per_thread, seed,
+      [pool](uint64_t bytes) { return pool->Allocate(bytes, 64); },
+      [pool](void* p, std::string* why) { return pool->Free(p, why); },
+      [&cfg](std::mt19937_64& rng) { return tfswap::PickPoolSize(cfg, rng); }, &allocs,
+      &first_error);
   *successful_allocs = allocs.load();
-  if (failed.load()) {
+  if (!ok) {
     SetError(err, errlen, first_error);
     return 3;
   }
