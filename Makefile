@@ -12,7 +12,7 @@ demo: $(STAMP)
 	$(PY) -m tfswap.cli demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ $(PY):
 $(STAMP): $(PY) Makefile setup.py $(wildcard tfswap/ops/*.cc tfswap/ops/*.h tfswap/core/native/*.cc) tfswap/ops/build.py
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q "tensorflow-cpu>=2.21,<2.22" "numpy>=1.24" "deap>=1.4" \
-	    "pytest>=8" "hypothesis>=6" \
+	    "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6" \
 	    "dask[distributed]>=2024.1" "matplotlib>=3.7"
 	$(PY) -m pip install -q --no-build-isolation -e .
 	touch $(STAMP)

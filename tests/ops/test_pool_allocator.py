@@ -354,7 +354,7 @@ def test_install_without_gpu_support_refuses_and_installs_nothing():
             print('stats:', e)
     """)
     assert "refused: this TensorFlow" in out and "without GPU support" in out
-    assert "stats: no tfswap GPU pool is installed" in out
+    assert "stats: no plan's pool is installed" in out
 
 
 def test_gpu_process_state_hook_installs_once_and_detects_an_existing_one():

@@ -352,8 +352,9 @@ def gpu_pool_stats() -> PoolStats | None:
             break
         capacity = n.value  # more classes than rows: ask again with room for all
     if rc == 2:
-        raise AllocatorInstallError("no tfswap GPU pool is installed in this process; "
-                                    "call install_gpu_allocator first")
+        raise AllocatorInstallError("no plan's pool is installed in this process; call "
+                                    "install_gpu_allocator first (for the budget arena of "
+                                    "install_gpu_arena: gpu_arena().stats())")
     if rc == 1:
         if err.value:
             raise AllocatorInstallError(err.value.decode())
