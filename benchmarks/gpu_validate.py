@@ -171,6 +171,16 @@ def peak(fn, graph_def, batch, captured, device, method) -> tuple[int, str]:
     raise RuntimeError(f"this process cannot measure the peak of {device}")
 
 
+def plan_fields(fast) -> dict:
+    """What a row says of the plan ``optimize`` made and of its verification."""
+    return dict(predicted_peak_bytes=fast.plan.prediction.peak_bytes,
+                predicted_step_s=fast.plan.prediction.step_time_s, spec=fast.spec.name,
+                swaps=len(fast.plan.swaps), planner=fast.plan.planner,
+                optimize_measured_peak_bytes=fast.measured_peak_bytes,
+                optimize_measured_on=fast.measured_on, notes=list(fast.notes),
+                report=fast.report())
+
+
 def _compared(ref_losses, losses, expected, got) -> tuple[bool, float]:
     """(bit-identical, worst relative difference) of two runs' losses and states."""
     import numpy as np
@@ -297,12 +307,7 @@ def run_model(name: str, args) -> None:
                                    verify_rounds=args.verify_rounds,
                                    parameters="auto" if homes == "auto" else "device")
             row["plan_s"] = time.perf_counter() - start
-            row.update(predicted_peak_bytes=fast.plan.prediction.peak_bytes,
-                       predicted_step_s=fast.plan.prediction.step_time_s, spec=fast.spec.name,
-                       swaps=len(fast.plan.swaps), planner=fast.plan.planner,
-                       optimize_measured_peak_bytes=fast.measured_peak_bytes,
-                       optimize_measured_on=fast.measured_on, notes=list(fast.notes),
-                       report=fast.report())
+            row.update(plan_fields(fast))
             row["measured_peak_bytes"], row["measured_how"] = peak(
                 fast, fast.graph_def, step.batch, fast.captured, device, method)
             row["measured_step_s"] = step_time(fast, step.batch, fast.captured.variables,
@@ -390,12 +395,7 @@ def arena_rows(name: str, args, given: dict, step, device, method, timing) -> No
         if names != [str(n) for n in saved["names"]]:
             raise RuntimeError(f"{name}: the model's variables differ from the saved "
                                "reference's; re-run without --arena-row")
-        row.update(predicted_peak_bytes=fast.plan.prediction.peak_bytes,
-                   predicted_step_s=fast.plan.prediction.step_time_s, spec=fast.spec.name,
-                   swaps=len(fast.plan.swaps), planner=fast.plan.planner,
-                   optimize_measured_peak_bytes=fast.measured_peak_bytes,
-                   optimize_measured_on=fast.measured_on, notes=list(fast.notes),
-                   report=fast.report())
+        row.update(plan_fields(fast))
         row["measured_peak_bytes"], row["measured_how"] = peak(
             fast, fast.graph_def, batch, fast.captured, device, method)
         row["measured_step_s"] = step_time(fast, batch, variables, **timing)

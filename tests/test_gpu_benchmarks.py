@@ -3,6 +3,7 @@
 
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -64,7 +65,10 @@ def test_gpu_link_writes_each_direction_and_size(tmp_path):
         rows = list(csv.DictReader(f))
     got = {(r["direction"], int(r["bytes"])) for r in rows}
     assert got == {(d, n) for d in ("d2h", "h2d", "duplex") for n in (1 << 20, 4 << 20)}
-    assert all(float(r["per_copy_s"]) > 0 and float(r["bytes_per_s"]) > 0 for r in rows)
+    # Each figure is a difference of two chains' times, which load on the shared
+    # cores can move either way; the rate's lower bound is tested on a chain
+    # (tests/tf/test_gpu_paths.py).
+    assert all(math.isfinite(float(r["per_copy_s"])) for r in rows)
     assert "d2h: latency" in printed and "h2d: latency" in printed
 
 

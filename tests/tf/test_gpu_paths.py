@@ -187,13 +187,24 @@ def test_the_report_says_where_the_peak_was_measured():
 
 
 @pytest.mark.parametrize("direction", link.DIRECTIONS)
-def test_a_longer_chain_of_copies_takes_longer_at_the_emulated_rate(direction):
-    rate = 2e9   # the emulated link: each copy completes at nbytes / rate
-    s = link.sample(direction, 1 << 20, emulate.DEVICE, emulate.HOST, short=1, long=5,
-                    repeats=3, link_bytes_per_s=rate)
-    # Each copy takes at least its bytes at the link's rate (the chain is serial).
-    assert s.per_copy_s >= 0.9 * (1 << 20) / rate
-    assert s.nbytes == 1 << 20 and s.bytes_per_s > 0
+def test_a_chain_of_copies_takes_at_least_each_copy_at_the_emulated_rate(direction):
+    """A lower bound, which a loaded machine cannot break: the chain is serial
+    and each emulated copy completes no sooner than its bytes at the rate.  (A
+    difference of two chains' times, as link.sample reports, is noise-bound;
+    this suite's processes share two cores.)"""
+    import time
+
+    rate, nbytes, copies = 2e9, 1 << 20, 5
+    fn = link.chain(direction, copies, emulate.DEVICE, emulate.HOST, nbytes, rate)
+    x, y = link.device_tensor(nbytes, emulate.DEVICE, 0), link.device_tensor(nbytes,
+                                                                             emulate.DEVICE, 1)
+    fn(x, y)   # traced, and the first pinned allocations
+    start = time.perf_counter()
+    fn(x, y)
+    assert time.perf_counter() - start >= copies * nbytes / rate
+    s = link.sample(direction, nbytes, emulate.DEVICE, emulate.HOST, short=1, long=3,
+                    repeats=1, link_bytes_per_s=rate)
+    assert (s.nbytes, s.short, s.long) == (nbytes, 1, 3) and s.spread_s == 0.0
 
 
 def test_the_link_line_fit_recovers_latency_and_rate():

@@ -209,12 +209,9 @@ int tfswap_arena_stress(void* arena, int32_t layout, int32_t n_threads, int64_t 
     return 3;
   }
   const tfswap::ArenaStats s = a->Stats();
-  if (s.bytes_in_use != 0 || s.num_allocs - before.num_allocs != allocs.load()) {
-    tfswap::SetError(err, errlen, "after the stress run the arena holds " +
-                                      std::to_string(s.bytes_in_use) + " bytes and counted " +
-                                      std::to_string(s.num_allocs - before.num_allocs) +
-                                      " allocations, threads made " +
-                                      std::to_string(allocs.load()));
+  if (!tfswap::BalancedAfterStress("arena", s.bytes_in_use, s.num_allocs - before.num_allocs,
+                                   allocs.load(), &error)) {
+    tfswap::SetError(err, errlen, error);
     return 3;
   }
   return 0;

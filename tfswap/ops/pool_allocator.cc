@@ -11,10 +11,42 @@
 
 namespace tfswap {
 
-PoolAllocator::PoolAllocator(std::unique_ptr<PoolCore> core) : core_(std::move(core)) {}
+namespace {
 
-void* PoolAllocator::AllocateRaw(size_t alignment, size_t num_bytes) {
-  AllocResult r = core_->Allocate(num_bytes, alignment);
+// What the allocator interface reads of either backend.
+struct Counters {
+  uint64_t num_allocs, bytes_in_use, peak_bytes_in_use, largest_alloc_size, bytes_limit;
+};
+
+Counters CountersOf(const PoolCore& pool) {
+  const PoolStats s = pool.Stats();
+  // bytes_limit: the arena, all of it reserved up front.
+  return {s.num_allocs, s.bytes_in_use, s.peak_bytes_in_use, s.largest_alloc_size,
+          s.bytes_limit};
+}
+
+Counters CountersOf(const BudgetArena& arena) {
+  const ArenaStats s = arena.Stats();
+  return {s.num_allocs, s.bytes_in_use, s.peak_bytes_in_use, s.largest_alloc_size,
+          s.arena_bytes};
+}
+
+bool SizesOf(const PoolCore& pool, const void* ptr, uint64_t* requested, uint64_t* allocated) {
+  int32_t cls;
+  int64_t obj;
+  return pool.Lookup(ptr, &cls, &obj, requested, allocated);
+}
+
+bool SizesOf(const BudgetArena& arena, const void* ptr, uint64_t* requested,
+             uint64_t* allocated) {
+  return arena.Lookup(ptr, requested, allocated);
+}
+
+}  // namespace
+
+template <class Backend>
+void* BackendAllocator<Backend>::AllocateRaw(size_t alignment, size_t num_bytes) {
+  AllocResult r = backend_->Allocate(num_bytes, alignment);
   if (r.status != AllocStatus::kOk) {
     LOG(ERROR) << r.error;
     std::lock_guard<std::mutex> lock(error_mu_);
@@ -24,117 +56,70 @@ void* PoolAllocator::AllocateRaw(size_t alignment, size_t num_bytes) {
   return r.ptr;
 }
 
-void PoolAllocator::DeallocateRaw(void* ptr) {
+template <class Backend>
+void BackendAllocator<Backend>::DeallocateRaw(void* ptr) {
   if (ptr == nullptr) return;
   std::string error;
   // A bad free means the bookkeeping is broken; carrying on would hand the
   // same memory to two tensors.
-  if (!core_->Free(ptr, &error)) LOG(FATAL) << error;
+  if (!backend_->Free(ptr, &error)) LOG(FATAL) << error;
 }
 
-size_t PoolAllocator::RequestedSize(const void* ptr) const {
-  int32_t cls;
-  int64_t obj;
+template <class Backend>
+size_t BackendAllocator<Backend>::RequestedSize(const void* ptr) const {
   uint64_t requested = 0, allocated = 0;
-  if (!core_->Lookup(ptr, &cls, &obj, &requested, &allocated)) {
-    LOG(FATAL) << "tfswap pool allocator: RequestedSize of a pointer it does not hold";
+  if (!SizesOf(*backend_, ptr, &requested, &allocated)) {
+    LOG(FATAL) << name_ << ": RequestedSize of a pointer it does not hold";
   }
   return requested;
 }
 
-size_t PoolAllocator::AllocatedSize(const void* ptr) const {
-  int32_t cls;
-  int64_t obj;
+template <class Backend>
+size_t BackendAllocator<Backend>::AllocatedSize(const void* ptr) const {
   uint64_t requested = 0, allocated = 0;
-  if (!core_->Lookup(ptr, &cls, &obj, &requested, &allocated)) {
-    LOG(FATAL) << "tfswap pool allocator: AllocatedSize of a pointer it does not hold";
+  if (!SizesOf(*backend_, ptr, &requested, &allocated)) {
+    LOG(FATAL) << name_ << ": AllocatedSize of a pointer it does not hold";
   }
   return allocated;
 }
 
-std::optional<tsl::AllocatorStats> PoolAllocator::GetStats() {
-  const PoolStats s = core_->Stats();
+template <class Backend>
+std::optional<tsl::AllocatorStats> BackendAllocator<Backend>::GetStats() {
+  const Counters c = CountersOf(*backend_);
   tsl::AllocatorStats out;
-  out.num_allocs = static_cast<int64_t>(s.num_allocs);
-  out.bytes_in_use = static_cast<int64_t>(s.bytes_in_use);
-  out.peak_bytes_in_use = static_cast<int64_t>(s.peak_bytes_in_use);
-  out.largest_alloc_size = static_cast<int64_t>(s.largest_alloc_size);
-  // TF's GPU device sizes itself from bytes_limit: it is the arena, all of
-  // which is reserved up front.
-  out.bytes_limit = static_cast<int64_t>(s.bytes_limit);
-  out.bytes_reserved = static_cast<int64_t>(s.bytes_limit);
-  out.peak_bytes_reserved = static_cast<int64_t>(s.bytes_limit);
-  out.pool_bytes = static_cast<int64_t>(s.bytes_limit);
-  out.peak_pool_bytes = static_cast<int64_t>(s.bytes_limit);
+  out.num_allocs = static_cast<int64_t>(c.num_allocs);
+  out.bytes_in_use = static_cast<int64_t>(c.bytes_in_use);
+  out.peak_bytes_in_use = static_cast<int64_t>(c.peak_bytes_in_use);
+  out.largest_alloc_size = static_cast<int64_t>(c.largest_alloc_size);
+  // TF's GPU device sizes itself from bytes_limit: all of it is reserved up front.
+  out.bytes_limit = static_cast<int64_t>(c.bytes_limit);
+  out.bytes_reserved = static_cast<int64_t>(c.bytes_limit);
+  out.peak_bytes_reserved = static_cast<int64_t>(c.bytes_limit);
+  out.pool_bytes = static_cast<int64_t>(c.bytes_limit);
+  out.peak_pool_bytes = static_cast<int64_t>(c.bytes_limit);
   return out;
 }
 
-tsl::AllocatorMemoryType PoolAllocator::GetMemoryType() const {
-  return core_->host_accessible() ? tsl::AllocatorMemoryType::kHostPageable
-                                  : tsl::AllocatorMemoryType::kDevice;
+template <class Backend>
+bool BackendAllocator<Backend>::ClearStats() {
+  backend_->ClearPeak();
+  return true;
 }
 
-std::string PoolAllocator::last_error() const {
+template <class Backend>
+tsl::AllocatorMemoryType BackendAllocator<Backend>::GetMemoryType() const {
+  return backend_->host_accessible() ? tsl::AllocatorMemoryType::kHostPageable
+                                     : tsl::AllocatorMemoryType::kDevice;
+}
+
+template <class Backend>
+std::string BackendAllocator<Backend>::last_error() const {
   std::lock_guard<std::mutex> lock(error_mu_);
   return last_error_;
 }
 
-void* ArenaAllocator::AllocateRaw(size_t alignment, size_t num_bytes) {
-  AllocResult r = arena_->Allocate(num_bytes, alignment);
-  if (r.status != AllocStatus::kOk) {
-    LOG(ERROR) << r.error;
-    return nullptr;
-  }
-  return r.ptr;
-}
-
-void ArenaAllocator::DeallocateRaw(void* ptr) {
-  if (ptr == nullptr) return;
-  std::string error;
-  if (!arena_->Free(ptr, &error)) LOG(FATAL) << error;
-}
-
-size_t ArenaAllocator::RequestedSize(const void* ptr) const {
-  uint64_t requested = 0, allocated = 0;
-  if (!arena_->Lookup(ptr, &requested, &allocated)) {
-    LOG(FATAL) << "tfswap budget arena: RequestedSize of a pointer it does not hold";
-  }
-  return requested;
-}
-
-size_t ArenaAllocator::AllocatedSize(const void* ptr) const {
-  uint64_t requested = 0, allocated = 0;
-  if (!arena_->Lookup(ptr, &requested, &allocated)) {
-    LOG(FATAL) << "tfswap budget arena: AllocatedSize of a pointer it does not hold";
-  }
-  return allocated;
-}
-
-std::optional<tsl::AllocatorStats> ArenaAllocator::GetStats() {
-  const ArenaStats s = arena_->Stats();
-  tsl::AllocatorStats out;
-  out.num_allocs = static_cast<int64_t>(s.num_allocs);
-  out.bytes_in_use = static_cast<int64_t>(s.bytes_in_use);
-  out.peak_bytes_in_use = static_cast<int64_t>(s.peak_bytes_in_use);
-  out.largest_alloc_size = static_cast<int64_t>(s.largest_alloc_size);
-  // The device sizes itself from bytes_limit: the budget, reserved up front.
-  out.bytes_limit = static_cast<int64_t>(s.arena_bytes);
-  out.bytes_reserved = static_cast<int64_t>(s.arena_bytes);
-  out.peak_bytes_reserved = static_cast<int64_t>(s.arena_bytes);
-  out.pool_bytes = static_cast<int64_t>(s.arena_bytes);
-  out.peak_pool_bytes = static_cast<int64_t>(s.arena_bytes);
-  return out;
-}
-
-bool ArenaAllocator::ClearStats() {
-  arena_->ClearPeak();
-  return true;
-}
-
-tsl::AllocatorMemoryType ArenaAllocator::GetMemoryType() const {
-  return arena_->host_accessible() ? tsl::AllocatorMemoryType::kHostPageable
-                                   : tsl::AllocatorMemoryType::kDevice;
-}
+template class BackendAllocator<PoolCore>;
+template class BackendAllocator<BudgetArena>;
 
 void* AllocatorMemorySource::Reserve(size_t bytes, size_t alignment, std::string* error) {
   void* p = from_->AllocateRaw(alignment, bytes);
@@ -174,7 +159,7 @@ class PoolGPUProcessState : public tensorflow::GPUProcessState {
     if (arena_bytes_ > 0) {
       auto arena = BudgetArena::Create(arena_bytes_, std::move(source), &error);
       if (arena != nullptr) {
-        arena_ = std::make_unique<ArenaAllocator>(std::move(arena));
+        arena_ = std::make_unique<ArenaAllocator>(std::move(arena), kArenaAllocatorName);
         LOG(INFO) << "tfswap budget arena active on GPU " << device_index_ << ": "
                   << arena_bytes_ << " bytes";
         return arena_.get();
@@ -183,9 +168,9 @@ class PoolGPUProcessState : public tensorflow::GPUProcessState {
     } else {
       auto core = PoolCore::Create(config_, std::move(source), &error);
       if (core != nullptr) {
-        pool_ = std::make_unique<PoolAllocator>(std::move(core));
+        pool_ = std::make_unique<PoolAllocator>(std::move(core), kPoolAllocatorName);
         LOG(INFO) << "tfswap pool allocator active on GPU " << device_index_ << " for plan '"
-                  << config_.plan_id << "': arena " << pool_->core().arena_bytes() << " bytes";
+                  << config_.plan_id << "': arena " << pool_->backend().arena_bytes() << " bytes";
         return pool_.get();
       }
       error = "tfswap pool allocator (plan '" + config_.plan_id + "'): " + error;
@@ -292,7 +277,7 @@ int tfswap_gpu_arena(void** out, char* err, size_t errlen) {
     tfswap::SetError(err, errlen, ps->setup_error());
     return 1;
   }
-  *out = &a->arena();
+  *out = &a->backend();
   return 0;
 }
 
@@ -310,9 +295,9 @@ int tfswap_gpu_pool_stats(uint64_t* totals, uint64_t* per_class, uint64_t* small
     return 1;
   }
   const int32_t capacity = *n_classes;  // rows per_class can hold
-  *n_classes = static_cast<int32_t>(pool->core().config().class_bytes.size());
+  *n_classes = static_cast<int32_t>(pool->backend().config().class_bytes.size());
   if (*n_classes > capacity) return 3;
-  tfswap_pool_stats(&pool->core(), totals, per_class, small);
+  tfswap_pool_stats(&pool->backend(), totals, per_class, small);
   tfswap::SetError(err, errlen, pool->last_error());
   return 0;
 }
@@ -345,7 +330,7 @@ int tfswap_tf_pool_selftest(int32_t n_classes, const uint64_t* class_bytes,
     tfswap::SetError(err, errlen, error);
     return 2;
   }
-  tfswap::PoolAllocator alloc(std::move(core));
+  tfswap::PoolAllocator alloc(std::move(core), tfswap::kPoolAllocatorName);
   tsl::Allocator* a = &alloc;
   std::vector<void*> ptrs;
   int rc = 0;

@@ -37,43 +37,23 @@ namespace tfswap {
 // Name() of every PoolAllocator; SwapIn's GPU kernel checks the device
 // allocator's name against it (swap_ops.cc).
 inline constexpr char kPoolAllocatorName[] = "tfswap_pool";
-
-class PoolAllocator : public tsl::Allocator {
- public:
-  explicit PoolAllocator(std::unique_ptr<PoolCore> core);
-
-  std::string Name() override { return kPoolAllocatorName; }
-  void* AllocateRaw(size_t alignment, size_t num_bytes) override;
-  void DeallocateRaw(void* ptr) override;
-  bool TracksAllocationSizes() const override { return true; }
-  size_t RequestedSize(const void* ptr) const override;
-  size_t AllocatedSize(const void* ptr) const override;
-  std::optional<tsl::AllocatorStats> GetStats() override;
-  tsl::AllocatorMemoryType GetMemoryType() const override;
-
-  PoolCore& core() { return *core_; }
-  std::string last_error() const;
-
- private:
-  std::unique_ptr<PoolCore> core_;
-  mutable std::mutex error_mu_;
-  std::string last_error_;
-};
-
 // Name() of every ArenaAllocator.  Not kPoolAllocatorName: a request the
 // active plan cannot serve comes from the arena's free ranges, which the plan
 // does not order, so SwapIn keeps TensorFlow's wait for the compute stream.
 inline constexpr char kArenaAllocatorName[] = "tfswap_arena";
 
-// The budget arena (pool_arena.h) as a TensorFlow device allocator.  A failed
-// request logs the arena's message and returns nullptr (TF raises
-// ResourceExhausted in the op); ClearStats starts a new peak, so
-// tf.config.experimental.reset_memory_stats works on the device.
-class ArenaAllocator : public tsl::Allocator {
+// A PoolCore or a BudgetArena as a tsl::Allocator.  A failed request logs the
+// backend's message, keeps it for last_error() and returns nullptr (TF raises
+// ResourceExhausted in the op); a bad free is fatal (the books are broken).
+// ClearStats starts a new peak, so tf.config.experimental.reset_memory_stats
+// works on the device.
+template <class Backend>
+class BackendAllocator : public tsl::Allocator {
  public:
-  explicit ArenaAllocator(std::unique_ptr<BudgetArena> arena) : arena_(std::move(arena)) {}
+  BackendAllocator(std::unique_ptr<Backend> backend, const char* name)
+      : backend_(std::move(backend)), name_(name) {}
 
-  std::string Name() override { return kArenaAllocatorName; }
+  std::string Name() override { return name_; }
   void* AllocateRaw(size_t alignment, size_t num_bytes) override;
   void DeallocateRaw(void* ptr) override;
   bool TracksAllocationSizes() const override { return true; }
@@ -83,11 +63,18 @@ class ArenaAllocator : public tsl::Allocator {
   bool ClearStats() override;
   tsl::AllocatorMemoryType GetMemoryType() const override;
 
-  BudgetArena& arena() { return *arena_; }
+  Backend& backend() { return *backend_; }
+  std::string last_error() const;
 
  private:
-  std::unique_ptr<BudgetArena> arena_;
+  std::unique_ptr<Backend> backend_;
+  const char* name_;
+  mutable std::mutex error_mu_;
+  std::string last_error_;
 };
+
+using PoolAllocator = BackendAllocator<PoolCore>;     // one plan's pool
+using ArenaAllocator = BackendAllocator<BudgetArena>;  // the budget arena
 
 // A MemorySource that takes the arena, once, from another tsl::Allocator.
 class AllocatorMemorySource : public MemorySource {

@@ -211,12 +211,9 @@ int tfswap_pool_stress(void* pool_ptr, int32_t n_threads, int64_t ops_per_thread
     return 3;
   }
   const tfswap::PoolStats s = pool->Stats();
-  if (s.bytes_in_use != 0 || s.num_allocs - before.num_allocs != allocs.load()) {
-    SetError(err, errlen, "after the stress run the pool holds " +
-                              std::to_string(s.bytes_in_use) + " bytes and counted " +
-                              std::to_string(s.num_allocs - before.num_allocs) +
-                              " allocations, threads made " +
-                              std::to_string(allocs.load()));
+  if (!tfswap::BalancedAfterStress("pool", s.bytes_in_use, s.num_allocs - before.num_allocs,
+                                   allocs.load(), &error)) {
+    SetError(err, errlen, error);
     return 3;
   }
   return 0;

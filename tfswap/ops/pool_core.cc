@@ -531,6 +531,13 @@ PoolStats PoolCore::Stats() const {
   return s;
 }
 
+void PoolCore::ClearPeak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_bytes_in_use_ = bytes_in_use_;
+  for (ClassRegion& c : classes_) c.stats.peak_in_use = c.stats.in_use;
+  small_stats_.peak_in_use_bytes = small_stats_.in_use_bytes;
+}
+
 bool PoolCore::CheckConsistency(std::string* error) const {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t bytes = 0, allocs = small_stats_.num_allocs;

@@ -166,6 +166,8 @@ class PoolCore {
   bool Lookup(const void* ptr, int32_t* class_index, int64_t* object_index,
               uint64_t* requested_bytes, uint64_t* allocated_bytes) const;
   PoolStats Stats() const;
+  // Starts a new peak (bytes and per-class objects) from what is in use now.
+  void ClearPeak();
   // Recounts everything from the free stacks and flags: every object is either
   // free exactly once or in use, and the counters agree.
   bool CheckConsistency(std::string* error) const;

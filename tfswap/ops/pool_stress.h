@@ -86,6 +86,17 @@ bool StressThreads(int n_threads, int64_t ops_per_thread, uint64_t seed, Allocat
   return !failed.load();
 }
 
+// The books after a stress run: nothing in use, one counted allocation per
+// successful one.  False with *error otherwise.
+inline bool BalancedAfterStress(const char* what, uint64_t in_use, uint64_t counted,
+                                uint64_t made, std::string* error) {
+  if (in_use == 0 && counted == made) return true;
+  *error = std::string("after the stress run the ") + what + " holds " +
+           std::to_string(in_use) + " bytes and counted " + std::to_string(counted) +
+           " allocations, threads made " + std::to_string(made);
+  return false;
+}
+
 // A size that maps to a random class of cfg, or to its small pool; 0 for a
 // class entirely below the small threshold.
 inline uint64_t PickPoolSize(const PoolConfig& cfg, std::mt19937_64& rng) {
