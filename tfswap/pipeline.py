@@ -307,10 +307,11 @@ def _check_arena(budget: int, asked, device: str) -> None:
     from tfswap.ops import allocator
 
     arena = allocator.installed_gpu_arena(device)
-    if arena is not None and budget > arena.stats().arena_bytes:
+    arena_bytes = arena.stats().arena_bytes if arena is not None else None
+    if arena_bytes is not None and budget > arena_bytes:
         raise BudgetError(
             f"memory_budget {asked!r} ({budget} bytes) is more than the budget arena "
-            f"{device} allocates from ({arena.stats().arena_bytes} bytes, install_gpu_arena); "
+            f"{device} allocates from ({arena_bytes} bytes, install_gpu_arena); "
             "pass at most that")
 
 

@@ -738,10 +738,12 @@ def installed_gpu_arena(device: str | None = None) -> Arena | None:
     if _arena_device_index is None:
         return None
     if device is not None:
-        import re
+        from tfswap.tf.gpu import physical_index
 
-        match = re.search(r"GPU:(\d+)$", device, re.IGNORECASE)
-        if match is None or int(match.group(1)) != _arena_device_index:
+        try:
+            if physical_index(device) != _arena_device_index:
+                return None
+        except ValueError:   # not a GPU
             return None
     try:
         return gpu_arena()

@@ -24,6 +24,9 @@ class BudgetArena::CarveSource : public MemorySource {
       *error = "no free block of " + std::to_string(bytes) + " bytes";
       return nullptr;
     }
+    Layout& l = arena_->layouts_[layout_];
+    l.offset = off;
+    l.bytes = arena_->used_[off].bytes;
     return arena_->base_ + off;
   }
   void Release(void* base) override {
@@ -163,14 +166,7 @@ bool BudgetArena::CarveLocked(int32_t id, std::string* error) {
     std::string why;
     auto core = PoolCore::Create(l.config, std::make_unique<CarveSource>(this, id), &why);
     if (core != nullptr) {
-      l.core = std::move(core);
-      // The block the core reserved is the used block tagged with this layout.
-      for (const auto& [off, b] : used_) {
-        if (b.layout == id) {
-          l.offset = off;
-          l.bytes = b.bytes;
-        }
-      }
+      l.core = std::move(core);   // CarveSource::Reserve set l.offset and l.bytes
       carved_bytes_ += l.bytes;
       return true;
     }
