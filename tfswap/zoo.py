@@ -48,14 +48,31 @@ class TrainStep:
     batch: tuple
 
 
-def step_function(model, specs, loss_fn, learning_rate=1e-3):
-    """One Adam step of ``model`` on ``loss_fn(y, model(x))`` as a ConcreteFunction of
-    ``specs`` (x's and y's TensorSpecs): (concrete function, optimizer).  The caller
-    keeps ``model`` and the optimizer alive (tf.function holds variables weakly)."""
+OPTIMIZERS = ("adam", "sgd", "momentum", "adagrad")
+
+
+def make_optimizer(name: str, learning_rate: float):
+    """A Keras optimizer by name (:data:`OPTIMIZERS`): Adam, plain SGD, SGD with
+    momentum 0.9, or Adagrad."""
     import keras
+
+    makers = {"adam": lambda: keras.optimizers.Adam(learning_rate),
+              "sgd": lambda: keras.optimizers.SGD(learning_rate),
+              "momentum": lambda: keras.optimizers.SGD(learning_rate, momentum=0.9),
+              "adagrad": lambda: keras.optimizers.Adagrad(learning_rate)}
+    if name not in makers:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+    return makers[name]()
+
+
+def step_function(model, specs, loss_fn, learning_rate=1e-3, optimizer: str = "adam"):
+    """One optimizer step (Adam by default, :data:`OPTIMIZERS`) of ``model`` on
+    ``loss_fn(y, model(x))`` as a ConcreteFunction of ``specs`` (x's and y's
+    TensorSpecs): (concrete function, optimizer).  The caller keeps ``model`` and
+    the optimizer alive (tf.function holds variables weakly)."""
     import tensorflow as tf
 
-    optimizer = keras.optimizers.Adam(learning_rate)
+    optimizer = make_optimizer(optimizer, learning_rate)
     optimizer.build(model.trainable_variables)
 
     @tf.function
@@ -69,11 +86,11 @@ def step_function(model, specs, loss_fn, learning_rate=1e-3):
     return step.get_concrete_function(*specs), optimizer
 
 
-def _train_step(name, model, batch, loss_fn, learning_rate=1e-3):
+def _train_step(name, model, batch, loss_fn, learning_rate=1e-3, optimizer="adam"):
     import tensorflow as tf
 
     specs = [tf.TensorSpec(b.shape, tf.as_dtype(b.dtype)) for b in batch]
-    fn, optimizer = step_function(model, specs, loss_fn, learning_rate)
+    fn, optimizer = step_function(model, specs, loss_fn, learning_rate, optimizer)
     return TrainStep(name, model, optimizer, fn, batch)
 
 
@@ -279,5 +296,35 @@ def mlp(batch: int = 16, features: int = 256, hidden: int = 512, layers: int = 4
     return _train_step("mlp", model, data, loss)
 
 
+@_homed
+def embedding(batch: int = 32, seq: int = 16, vocab: int = 20000, dim: int = 64,
+              hidden: int = 64, classes: int = 10, optimizer: str = "adam",
+              learning_rate: float = 1e-2, seed: int = 0) -> TrainStep:
+    """A large embedding table and a small dense head: ``Embedding(vocab, dim)`` of
+    ``seq`` token ids, averaged, ``Dense(hidden, relu)``, ``Dense(classes)``, sparse
+    cross-entropy; ``optimizer`` one of :data:`OPTIMIZERS`.  The classic model whose
+    parameters (the table) are larger than the device while each step reads only
+    ``batch * seq`` of its rows.
+
+    Example::
+
+        step = zoo.embedding(vocab=100000, optimizer="sgd")
+        step.concrete_fn(*step.batch)      # one SGD step, returns {"loss": ...}
+    """
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    L = keras.layers
+    model = keras.Sequential([keras.Input((seq,), dtype="int32"), L.Embedding(vocab, dim),
+                              L.GlobalAveragePooling1D(), L.Dense(hidden, activation="relu"),
+                              L.Dense(classes)], name="embedding")
+    rng = np.random.default_rng(seed)
+    data = (rng.integers(0, vocab, (batch, seq)).astype(np.int32),
+            rng.integers(0, classes, batch).astype(np.int32))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return _train_step("embedding", model, data, loss, learning_rate, optimizer)
+
+
 MODELS = {"cnn": cnn, "inception": inception, "transformer": transformer,
-          "resnet50": resnet50, "bert": bert, "lstm": lstm, "mlp": mlp}
+          "resnet50": resnet50, "bert": bert, "lstm": lstm, "mlp": mlp,
+          "embedding": embedding}
