@@ -246,7 +246,7 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
 
         lowered = planned.attempt.step.lowered
         rows = homes.traffic(prepared.captured, planned.plan, lowered.writebacks)
-        notes += (parameters_text(planned.plan, lowered, len(prepared.captured.host_homed)),)
+        notes += (parameters_text(planned.plan, lowered, prepared.captured),)
         notes += tuple(f"  most moved: {row.describe()}" for row in rows[:3])
     return OptimizedFunction(
         plan=planned.plan, captured=prepared.captured, lowered=planned.attempt.step.lowered,
@@ -257,18 +257,32 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
         relocation=prepared.relocation)
 
 
-def parameters_text(plan: Plan, lowered, host_variables: int) -> str:
-    """What the variables in host memory cost a step: bytes fetched, bytes of updates
-    copied back, and where the updates run."""
+def parameters_text(plan: Plan, lowered, captured) -> str:
+    """What the variables in host memory cost a step: bytes fetched, bytes copied
+    back, and where their gathers and updates run (each update place with what
+    decided it)."""
+    from tfswap.tf import update_places
+
     fetched = sum(s.bytes for s in plan.swaps if s.kind == "prefetch")
-    on_host = sorted(op.name for op in lowered.graph.ops
-                     if op.name in lowered.writebacks and op.type != "AssignVariableOp")
-    where = ("every update is computed on the device and the host only stores its result"
-             if not on_host else f"{len(on_host)} in-place update(s) run on the host "
-             f"(e.g. {on_host[0]}), the rest are computed on the device")
-    return (f"parameters: {host_variables} variable(s) in host memory; each step fetches "
-            f"{fetched} B of their values before use and copies {sum(lowered.writebacks.values())}"
-            f" B of new values back (charged in the predicted time); {where}")
+    names = {c.name.partition(":")[0]: c.variable.name.partition(":")[0]
+             for c in captured.captures if c.host_homed}
+    types = {op.name: op.type for op in lowered.graph.ops}
+    gathers = sum(1 for op in lowered.host_ops if types.get(op) == "GatherV2")
+    placed = {v for p in plan.update_places for v in p.variables}
+    text = (f"parameters: {len(names)} variable(s) in host memory; each step fetches {fetched} "
+            f"B of their values before use and copies {sum(lowered.writebacks.values())} B to "
+            "the host (charged in the predicted time)")
+    if gathers:
+        text += (f"; {gathers} gather(s) of their rows run on the host, so only the rows "
+                 "gathered travel")
+    if len(placed) < len(names):
+        text += ("; the other updates are computed on the device and the host stores the "
+                 "result" if placed else "; every update is computed on the device and the "
+                 "host stores the result")
+    for p in plan.update_places:
+        text += (f"\n  update of {', '.join(names.get(v, v) for v in p.variables)}: "
+                 f"{update_places.describe(p.place, p.pieces)} ({p.why})")
+    return text
 
 
 def _unverified_reason(prepared: pipeline.Prepared) -> str:
@@ -288,7 +302,7 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
     (a different model, batch shape or TensorFlow version).
     """
     from tfswap.tf import capture as capture_mod
-    from tfswap.tf import homes, ir, rewrite, runtime
+    from tfswap.tf import homes, host_side, ir, rewrite, runtime, update_places
 
     try:
         plan = Plan.load(path)
@@ -305,6 +319,12 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
             captured = homes.rehomed(captured, relocation)
         if captured.host_homed:   # as optimize planned it (pipeline.place_parameters)
             captured, _ = homes.updates_on_device(captured, device)
+            captured, _ = host_side.gathers_on_host(captured)
+            try:
+                captured = update_places.apply(captured, device, plan.update_places)
+            except ValueError as err:
+                raise PlanMismatchError(f"the plan in {path}: {err}. Re-plan with "
+                                        "tfswap.optimize and save again.") from err
         found = capture_mod.fingerprint(captured)
         if plan.graph_fingerprint and plan.graph_fingerprint != found:
             raise PlanMismatchError(

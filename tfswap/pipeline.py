@@ -203,6 +203,7 @@ class Prepared:
     deadline: float | None    # time.monotonic() by which the whole call ends
     notes: tuple[str, ...]
     relocation: Any = None    # the variables place_parameters moved to the host, if any
+    update_places: tuple = ()  # core.plan.UpdatePlace: updates not computed on the device
 
     @property
     def measured_over(self) -> bool:
@@ -291,6 +292,11 @@ def prepare(concrete_fn, options: Options) -> Prepared:
     feed = list(options.inputs) if options.inputs is not None else \
         sample_inputs(captured, options.seed)
     prof = _profile(captured, options.profile, spec, feed, device)
+    places = ()
+    if captured.host_homed:   # the gathers and updates of variables the user put there
+        small = options.small_tensor_bytes if options.small_tensor_bytes is not None else \
+            small_threshold(prof.peak_bytes or 0)
+        captured, prof, places = host_work(captured, prof, spec, device, budget, options, small)
     step = lower(captured, prof, spec, options.small_tensor_bytes) \
         if options.small_tensor_bytes is not None else lower_default(captured, prof, spec)
     if prof.source != "trace":
@@ -299,7 +305,8 @@ def prepare(concrete_fn, options: Options) -> Prepared:
         refuse_unsized(captured, step.lowered, prof.source)
     notes = (spec_note,) if spec_note else ()
     return Prepared(options, captured, prof, step, spec, budget, device, host, feed, deadline,
-                    notes + (f"profile: {prof.source}, {time.monotonic() - started:.1f} s",))
+                    notes + (f"profile: {prof.source}, {time.monotonic() - started:.1f} s",),
+                    update_places=places)
 
 
 def _check_arena(budget: int, asked, device: str) -> None:
@@ -334,13 +341,41 @@ def place_parameters(prepared: Prepared) -> Prepared:
         captured, made = homes.updates_on_device(homes.rehomed(prepared.captured, relocation),
                                                  prepared.device)
         prof = with_moved_costs(prepared.profile, made)
+        captured, prof, places = host_work(captured, prof, prepared.spec, prepared.device,
+                                           prepared.budget_bytes, prepared.options,
+                                           prepared.step.small)
         step = lower(captured, prof, prepared.spec, prepared.step.small)
     except BaseException:
         relocation.undo()
         raise
     return dataclasses.replace(prepared, captured=captured, profile=prof, step=step,
-                               relocation=relocation,
+                               relocation=relocation, update_places=places,
                                notes=prepared.notes + (relocation.describe(),))
+
+
+def host_work(captured, prof, spec: DeviceSpec, device: str, budget: int, options: Options,
+              small: int):
+    """(captured, profile, update places): the gathers of host tables run on the host
+    (:func:`tfswap.tf.host_side.gathers_on_host`) and each update of host variables
+    placed where the simulator predicts the fastest step
+    (:mod:`tfswap.tf.update_places`: the plan on TensorFlow's order, at this
+    budget)."""
+    from tfswap.tf import host_side, update_places
+
+    captured, _ = host_side.gathers_on_host(captured)
+
+    def price(candidate, candidate_profile) -> float:
+        try:
+            step = lower(candidate, candidate_profile, spec, small)
+            usable, _ = planner_budget(budget, step.lowered, options.safety_margin)
+            found = planners.run("tfswap.order", step.problem, usable, spec).plan
+        except (Infeasible, BudgetError):
+            return float("inf")
+        return found.prediction.step_time_s
+
+    placed = update_places.choose(captured, prof, device,
+                                  int(budget * (1.0 - options.safety_margin)), price)
+    return placed.captured, placed.profile, placed.places
 
 
 def with_moved_costs(prof, moved: dict):
@@ -417,10 +452,26 @@ def lower(captured, prof, spec: DeviceSpec, small: int) -> Lowered:
 
 def planning_graph(lowered, spec: DeviceSpec) -> DataflowGraph:
     """The lowered step as the planners see it: device variables pinned
-    (:func:`pin_parameters`) and each update of a host-homed variable charged
+    (:func:`pin_parameters`), the work placed on the host at the host's speed
+    (:func:`price_host_work`), and each update of a host-homed variable charged
     the copy of what it reads from the device (:func:`price_writebacks`)."""
-    return price_writebacks(pin_parameters(lowered.graph, lowered.resident),
+    return price_writebacks(price_host_work(pin_parameters(lowered.graph, lowered.resident),
+                                            lowered.host_ops, spec),
                             lowered.writebacks, spec)
+
+
+def price_host_work(graph: DataflowGraph, host_ops: dict, spec: DeviceSpec) -> DataflowGraph:
+    """Each op computing on the host (``host_ops``: op -> bytes it reads and writes)
+    at least as long as the host's memory takes to move those bytes
+    (``spec.host_memory_bandwidth_bytes_per_s``; None: the profiled time holds,
+    as on the emulated device, whose host is the same CPU)."""
+    bandwidth = spec.host_memory_bandwidth_bytes_per_s
+    if not host_ops or bandwidth is None:
+        return graph
+    ops = [dataclasses.replace(op, outputs=(), time_s=max(op.time_s, host_ops[op.name] / bandwidth))
+           if op.name in host_ops else dataclasses.replace(op, outputs=()) for op in graph.ops]
+    return DataflowGraph.build(ops, [dataclasses.replace(t, producer=-1, consumers=())
+                                     for t in graph.tensors])
 
 
 def price_writebacks(graph: DataflowGraph, writebacks: dict, spec: DeviceSpec) -> DataflowGraph:
@@ -632,13 +683,15 @@ def _search_config(prepared: Prepared, attempt: Attempt) -> search.SearchConfig:
 
 def _finish(found: Plan, prepared: Prepared, attempt: Attempt) -> Plan:
     return finish(found, prepared.captured, attempt.step.lowered, prepared.budget_bytes,
-                  attempt.outside_bytes)
+                  attempt.outside_bytes, prepared.update_places)
 
 
-def finish(found: Plan, captured, lowered, budget_bytes: int, outside_bytes: int) -> Plan:
+def finish(found: Plan, captured, lowered, budget_bytes: int, outside_bytes: int,
+           update_places: tuple = ()) -> Plan:
     """A planner's plan as the rewrite takes it: swaps of the tensors TF holds, the
-    user's budget, the graph's fingerprint, the variables in host memory, and a
-    peak that counts the device bytes the planner does not see."""
+    user's budget, the graph's fingerprint, the variables in host memory and
+    where their updates run, and a peak that counts the device bytes the
+    planner does not see."""
     from tfswap.tf import capture as capture_mod
     from tfswap.tf.tensor_swaps import tensor_swaps
 
@@ -646,7 +699,8 @@ def finish(found: Plan, captured, lowered, budget_bytes: int, outside_bytes: int
     return dataclasses.replace(found, budget_bytes=budget_bytes,
                                graph_fingerprint=capture_mod.fingerprint(captured),
                                prediction=_with_outside(found.prediction, outside_bytes),
-                               host_variables=captured.host_homed)
+                               host_variables=captured.host_homed,
+                               update_places=tuple(update_places))
 
 
 def _with_outside(prediction: Prediction, outside: int) -> Prediction:
@@ -853,6 +907,6 @@ __all__ = ["Attempt", "Lowered", "Materialized", "NoDeviceError", "Options", "PA
            "Planned", "movable_parameters", "place_parameters", "restore_parameters",
            "Prepared", "Verified", "after_infeasible", "finish", "first_attempt", "lower", "lower_default",
            "materialize", "minimum_budget", "pin_parameters", "placement", "plan",
-           "planning_graph", "price_writebacks", "with_moved_costs",
+           "planning_graph", "price_host_work", "price_writebacks", "host_work", "with_moved_costs",
            "planner_budget", "prepare", "refine", "sample_inputs", "small_threshold",
            "choose_spec", "spec_for", "verify", "with_budget", "working_set_text"]

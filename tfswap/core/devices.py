@@ -47,6 +47,10 @@ class DeviceSpec:
     launch_overhead_s: float = 5e-6   # fixed cost per op
     copy_latency_s: float = 0.0       # fixed cost per copy, on top of bytes / bandwidth
     copies_on_compute: bool = False   # copies and ops share one stream (no overlap)
+    # What an elementwise kernel on the host's CPU moves per second (bytes read +
+    # written), for work placed on the host; None: as fast as the profiled op
+    # (the emulated device, whose host is the same CPU).
+    host_memory_bandwidth_bytes_per_s: float | None = None
 
     def __post_init__(self):
         for field_name in ("memory_bytes", "peak_flops", "memory_bandwidth_bytes_per_s",
@@ -60,6 +64,12 @@ class DeviceSpec:
                     or not 0 <= value < float("inf"):
                 raise ValueError(f"DeviceSpec {self.name!r}: {field_name} must be a finite "
                                  f"number of seconds >= 0, got {value!r}")
+        host = self.host_memory_bandwidth_bytes_per_s
+        if host is not None and (isinstance(host, bool) or not isinstance(host, numbers.Real)
+                                 or not 0 < host < float("inf")):
+            raise ValueError(f"DeviceSpec {self.name!r}: host_memory_bandwidth_bytes_per_s "
+                             f"must be None or a finite number of bytes per second > 0, "
+                             f"got {host!r}")
         if not isinstance(self.copies_on_compute, bool):
             raise ValueError(f"DeviceSpec {self.name!r}: copies_on_compute must be True or "
                              f"False, got {self.copies_on_compute!r}")

@@ -33,6 +33,10 @@ Version 5 adds ``host_variables``: the captured variables (by placeholder
 name) that live in host memory when the plan runs, so that a saved plan
 puts the user's variables where it was planned for (``tfswap.load_plan``);
 older files have none listed.
+Version 6 adds ``update_places``: where the update of each group of
+host-homed variables runs (:class:`UpdatePlace`), so that a saved plan runs
+its updates where it was planned to; older files have none (every update
+computed on the device).
 """
 
 from __future__ import annotations
@@ -42,11 +46,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PLAN_FORMAT_VERSION = 5
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+PLAN_FORMAT_VERSION = 6
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 # Pool objects start at multiples of this (tfswap/ops/pool_core.h kObjectAlignment).
 OBJECT_ALIGNMENT = 256
 SWAP_KINDS = ("round_trip", "prefetch", "writeback", "drop", "recompute")
+UPDATE_PLACES = ("device", "host", "pieces")
 
 
 class PlanFormatError(ValueError):
@@ -225,6 +230,32 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class UpdatePlace:
+    """Where the update of a group of host-homed variables runs (a table and its
+    optimizer slots, updated by one set of ops).
+
+    ``variables``: the captured variables' placeholder names; ``place``:
+    "device" (fetched, computed on the device, the result written back),
+    "host" (computed on the host next to the variables; only the gradient's
+    inputs travel) or "pieces" (on the device, ``pieces`` slices of rows one
+    after another); ``why``: what decided it (the simulator's step times).
+    """
+
+    variables: tuple[str, ...]
+    place: str
+    pieces: int = 0
+    why: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "variables", tuple(self.variables))
+        if self.place not in UPDATE_PLACES:
+            raise ValueError(f"place must be one of {UPDATE_PLACES}, got {self.place!r}")
+        if (self.place == "pieces") != (self.pieces >= 2):
+            raise ValueError(f"an update in pieces needs pieces >= 2 (and only then); got "
+                             f"place {self.place!r}, pieces {self.pieces!r}")
+
+
+@dataclass(frozen=True)
 class Plan:
     schedule: tuple[str, ...]
     swaps: tuple[Swap, ...] = ()
@@ -235,9 +266,11 @@ class Plan:
     allocation: Allocation | None = None
     resident_parameters: tuple[str, ...] = ()
     host_variables: tuple[str, ...] = ()   # captured variables in host memory between steps
+    update_places: tuple[UpdatePlace, ...] = ()   # groups of them not updated on the device
 
     def __post_init__(self):
         object.__setattr__(self, "schedule", tuple(self.schedule))
+        object.__setattr__(self, "update_places", tuple(self.update_places))
         object.__setattr__(self, "host_variables", tuple(self.host_variables))
         object.__setattr__(self, "swaps", tuple(self.swaps))
         object.__setattr__(self, "resident_parameters", tuple(self.resident_parameters))
@@ -292,6 +325,8 @@ class Plan:
         try:
             body["swaps"] = tuple(Swap(**s) for s in body.get("swaps", ()))
             body["prediction"] = Prediction(**body.get("prediction", {}))
+            body["update_places"] = tuple(UpdatePlace(**u)
+                                          for u in body.get("update_places", ()))
             if body.get("allocation") is not None:
                 body["allocation"] = Allocation(**body["allocation"])
             return cls(**body)

@@ -291,11 +291,36 @@ def traffic(captured: CapturedFunction, plan, writebacks: dict) -> tuple[Traffic
     variables = {c.name.partition(":")[0]: c.variable for c in captured.captures
                  if c.host_homed}
     nodes = {n.name: n for n in captured.graph_def.node}
+    readers: dict[str, list[str]] = {}
+    for node in captured.graph_def.node:
+        for raw in node.input:
+            if not raw.startswith("^"):
+                readers.setdefault(raw.partition(":")[0], []).append(node.name)
 
-    def variable_of(op: str):
-        node = nodes.get(op)
+    def handle_of(name: str):
+        node = nodes.get(name)
         data = [i for i in node.input if not i.startswith("^")] if node is not None else []
         return variables.get(data[0].partition(":")[0]) if data else None
+
+    def variable_of(op: str):
+        """The variable an op reads or writes: its own handle, else through the work on
+        the host around it (a gather's table upstream, an update's variable downstream)."""
+        if handle_of(op) is not None:
+            return handle_of(op)
+        device = nodes[op].device if op in nodes else ""
+        for step in (lambda n: [i.partition(":")[0] for i in nodes[n].input
+                                if not i.startswith("^")],
+                     lambda n: readers.get(n, [])):
+            seen, stack = {op}, [op]
+            while stack:
+                for near in step(stack.pop()):
+                    if near in seen or near not in nodes or nodes[near].device != device:
+                        continue
+                    if handle_of(near) is not None:
+                        return handle_of(near)
+                    seen.add(near)
+                    stack.append(near)
+        return None
 
     moved: dict = {}
     for swap in plan.swaps:

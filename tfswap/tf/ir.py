@@ -158,9 +158,12 @@ class LoweredGraph:
     ops updating a variable in place (AssignAdd/Sub, ResourceApply*) -> a
     tensor holding that variable's value.  ``assigned``: tensors that an
     AssignVariableOp makes a device variable's new value (held to the step's
-    end).  ``writebacks``: updates of host-homed variables (they run on the
-    host) -> bytes of the device values they read, which the rewrite copies
-    to the host through swap-outs.
+    end).  ``writebacks``: updates of host-homed variables and other work
+    placed on the host (they run there) -> bytes of the device values they
+    read, which the rewrite copies to the host through swap-outs.
+    ``host_ops``: ops computing on the host (:mod:`tfswap.tf.host_side`:
+    gathers of a host table's rows, optimizer updates) -> bytes they read and
+    write there, which prices them on a host slower than the device.
     ``variable_bytes``: bytes of the captured variables homed on the device.  ``unprofiled``: IR
     ops the profile had no figures for, so time 0: the feeds, nodes TF folded
     to constants before running, and nodes its oneDNN rewrite merged into a
@@ -179,6 +182,7 @@ class LoweredGraph:
     updates: dict = field(default_factory=dict)   # in-place variable update -> its variable's value
     assigned: tuple[str, ...] = ()                 # tensors AssignVariableOp makes a variable
     writebacks: dict = field(default_factory=dict)  # host variable's update -> bytes it reads
+    host_ops: dict = field(default_factory=dict)    # op computing on the host -> bytes it touches
 
     @property
     def folded(self) -> dict:
@@ -356,6 +360,58 @@ def _set_aliases(ops: list[Op], tensors: list[Tensor], profile: Profile | None,
 
     return [replace(t, alias_of=root(t.name)) if t.name in alias and root(t.name) != t.name
             else t for t in tensors]
+
+
+def _host_side(ops: list[Op], tensors: list[Tensor], device: str):
+    """The work placed on the host, as the planner sees it.
+
+    An op on the host (:mod:`tfswap.tf.host_side`) takes no device memory for
+    what it reads from other host ops: those inputs become control inputs (the
+    order stays).  What it reads from the device stays an input (live on the
+    device until its swap-out).  Every output of an op computing on the host
+    is a host value, like a host variable's read: a buffer that starts on the
+    host and that the plan fetches before a device op reads it.
+
+    Returns (ops, tensors, host values, {op computing on the host: bytes it
+    reads and writes}).  Placeholders (the variables' handles) and variable
+    reads are no work; writers of host variables keep their handles.
+    """
+    on_host = {op.name for op in ops if op.device and device
+               and not same_device(op.device, device) and op.type != "Placeholder"}
+    if not on_host:
+        return ops, tensors, (), {}
+    by_name = {t.name: t for t in tensors}
+    outputs: dict[str, list[str]] = {}
+    for t in tensors:
+        outputs.setdefault(t.name.rpartition(":")[0], []).append(t.name)
+    computing = {op.name for op in ops if op.name in on_host and op.type not in VARIABLE_READERS
+                 and op.type not in ("Const", "NoOp")
+                 and not any(by_name[t].dtype == "resource" for t in op.inputs)}
+    new_ops, touched = [], {}
+    for op in ops:
+        if op.name not in on_host:
+            new_ops.append(op)
+            continue
+        if op.name in computing:
+            touched[op.name] = sum(by_name[t].nbytes for t in set(op.inputs)) + \
+                sum(by_name[t].nbytes for t in outputs.get(op.name, ()))
+        hosted = [t.rpartition(":")[0] for t in op.inputs if t.rpartition(":")[0] in on_host]
+        controls = op.control_inputs + tuple(p for p in dict.fromkeys(hosted)
+                                             if p not in op.control_inputs)
+        new_ops.append(replace(op, inputs=tuple(t for t in op.inputs
+                                                if t.rpartition(":")[0] not in on_host),
+                               control_inputs=controls))
+    values = tuple(t for op in computing for t in outputs.get(op, ())
+                   if by_name[t].dtype not in ("resource", "variant"))
+    made_on_host = {t for op in computing for t in outputs.get(op, ())}
+    # A device op the profile saw write in place into what is now a host value
+    # writes into that value's swapped-in copy, a buffer the plan knows nothing
+    # of: count its output afresh.  Views stay views.
+    types = {op.name: op.type for op in ops}
+    tensors = [replace(t, alias_of="") if t.name in made_on_host or (
+        t.alias_of in made_on_host and types.get(t.name.rpartition(":")[0]) not in VIEW_OPS)
+        else t for t in tensors]
+    return new_ops, tensors, values, touched
 
 
 def _consistent_positions(ops: list[Op], tensors: list[Tensor],
@@ -552,9 +608,10 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
     host_homed = set(captured.host_homed)
     on_device = {h: v for h, v in handle_of.items() if h not in host_homed}
     tensors = _set_aliases(ops, tensors, profile, on_device, keep=captured.fetches)
+    ops, tensors, host_values, host_ops = _host_side(ops, tensors, captured.device)
     reads = {f"{op.name}:0": op.inputs[0] for op in ops
              if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in handle_of}
-    variables = list(reads)
+    variables = list(reads) + [v for v in host_values if v not in reads]
     writers = [op.name for op in ops if op.type not in VARIABLE_READERS
                and any(t in handle_of for t in op.inputs)]
     first_read = {}
@@ -566,6 +623,13 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
     nbytes = {t.name: t.nbytes for t in tensors}
     for op in ops:
         handles = [t for t in op.inputs if t in handle_of]
+        if op.name in host_ops:
+            # Work placed on the host (tfswap.tf.host_side): what it reads from the
+            # device leaves through a swap-out, as for an update.
+            moved = sum(nbytes[t] for t in op.inputs)
+            if moved:
+                writebacks[op.name] = moved
+            continue
         if op.name not in writers or not handles:
             continue
         if handles[0] in host_homed:
@@ -600,11 +664,12 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
                          and not c.host_homed)
     return LoweredGraph(
         graph=graph, node_map=node_map, pruned=pruned, fetches=tuple(captured.fetches),
-        resident=tuple(v for v in variables if reads[v] in on_device and
+        resident=tuple(v for v in reads if reads[v] in on_device and
                        node_map.get(v.rpartition(":")[0]) == v.rpartition(":")[0]),
         variable_bytes=variable_bytes,
         unprofiled=tuple(n for n in unprofiled if node_map.get(n) == n), profile=profile,
         updates={o: v for o, v in updates.items() if node_map.get(o) == o},
         assigned=tuple(t for t in assigned if node_map.get(t.rpartition(":")[0]) ==
                        t.rpartition(":")[0]),
-        writebacks={o: b for o, b in writebacks.items() if node_map.get(o) == o})
+        writebacks={o: b for o, b in writebacks.items() if node_map.get(o) == o},
+        host_ops={o: b for o, b in host_ops.items() if node_map.get(o) == o})

@@ -213,12 +213,47 @@ def _check_schedule(plan: Plan, nodes: dict) -> dict[str, int]:
     return position
 
 
-def host_homed_reads(captured: CapturedFunction, graph_def) -> dict[tuple[str, int], tf.Variable]:
-    """The values read from host-homed variables (ReadVariableOp outputs on the
-    host) -> the variable read."""
+@dataclass(frozen=True)
+class HostValue:
+    """A value made on the host that device ops read through a swap-in."""
+
+    shape: tf.TensorShape
+    dtype: tf.DType
+    device: str
+
+    @property
+    def nbytes(self) -> int:
+        return (self.shape.num_elements() or 0) * self.dtype.size
+
+
+def host_values_of(captured: CapturedFunction, graph_def) -> dict[tuple[str, int], HostValue]:
+    """The values made on the host: reads of host-homed variables (ReadVariableOp
+    outputs on the host) and the outputs of ops computing there
+    (:mod:`tfswap.tf.host_side`) -> their shape, dtype and device."""
     handles = {c.name.partition(":")[0]: c.variable for c in captured.captures if c.host_homed}
-    return {(n.name, 0): handles[n.input[0].partition(":")[0]] for n in graph_def.node
-            if n.op == "ReadVariableOp" and n.input and n.input[0].partition(":")[0] in handles}
+    found = {(n.name, 0): HostValue(handles[n.input[0].partition(":")[0]].shape,
+                                    handles[n.input[0].partition(":")[0]].dtype,
+                                    handles[n.input[0].partition(":")[0]].device)
+             for n in graph_def.node
+             if n.op == "ReadVariableOp" and n.input and n.input[0].partition(":")[0] in handles}
+    computing = [n for n in graph_def.node if _computes_on_host(n, captured.device, handles)]
+    if computing:
+        from tfswap.tf.shapes import import_with_shapes
+
+        graph = import_with_shapes(captured, graph_def)
+        for node in computing:
+            for k, t in enumerate(graph.get_operation_by_name(node.name).outputs):
+                if t.dtype not in (tf.resource, tf.variant, tf.string):
+                    found[(node.name, k)] = HostValue(t.shape, t.dtype, node.device)
+    return found
+
+
+def _computes_on_host(node, device: str, handles) -> bool:
+    """An op placed off the device that computes (not a variable's read or write,
+    a placeholder or a constant)."""
+    return bool(node.device) and bool(device) and not same_device(node.device, device) \
+        and node.op not in ("Placeholder", "Const", "NoOp") and node.op not in VARIABLE_READERS \
+        and not any(i.partition(":")[0] in handles for i in node.input if not i.startswith("^"))
 
 
 def _direct_host_reads(graph_def, nodes: dict, host_values, device: str) -> dict:
@@ -251,22 +286,22 @@ def _fetch_unplanned_host_reads(graph_def, nodes: dict, host_values, device: str
     that device ops read directly one SwapIn, right after the read."""
     direct = _direct_host_reads(graph_def, nodes, host_values, device)
     for k, value in enumerate(sorted(direct)):
-        variable = host_values[value]
+        made = host_values[value]
         for reader in direct[value]:
             if reader.op in SHAPE_OPS:   # needs the shape, not the bytes: ask the host
-                reader.device = local_device(variable.device)
+                reader.device = local_device(made.device)
         direct[value] = [r for r in direct[value] if r.op not in SHAPE_OPS]
         if not direct[value]:
             continue
-        if variable.shape.num_elements() * variable.dtype.size >= small_bytes:
+        if made.nbytes >= small_bytes:
             continue
         name = f"{SWAP_SCOPE}/small_in_{k}"
         node = graph_def.node.add(name=name, op=SWAP_IN_OP, device=device)
         node.input.append(_input_ref(*value))
-        node.attr["T"].type = variable.dtype.as_datatype_enum
+        node.attr["T"].type = made.dtype.as_datatype_enum
         if link is not None:   # a copy over the emulated link too (the simulator has no
             node.attr["link_bytes_per_s"].f = link   # small-pool copies: a few bytes)
-        node.attr["_output_shapes"].list.shape.add().CopyFrom(variable.shape.as_proto())
+        node.attr["_output_shapes"].list.shape.add().CopyFrom(made.shape.as_proto())
         nodes[name] = node
         for reader in direct[value]:
             _repoint(graph_def, nodes, reader, value, name, f"small_{k}")
@@ -275,7 +310,8 @@ def _fetch_unplanned_host_reads(graph_def, nodes: dict, host_values, device: str
 def _write_back_host_updates(graph_def, captured: CapturedFunction, reference: tf.Graph,
                              device: str, link: float | None) -> None:
     """Give each update of a host-homed variable (it runs on the host, where the
-    variable lives) the device values it reads through a SwapOut.
+    variable lives), and each other op computing on the host
+    (:mod:`tfswap.tf.host_side`), the device values it reads through a SwapOut.
 
     The copy is then one of tfswap's, started as soon as the value is made,
     instead of one TensorFlow makes behind the plan's back when the update
@@ -289,8 +325,10 @@ def _write_back_host_updates(graph_def, captured: CapturedFunction, reference: t
     nodes = {n.name: n for n in graph_def.node}   # the swap ops added so far too
     made: dict[str, str] = {}
     for node in list(graph_def.node):
-        if node.op in VARIABLE_READERS or same_device(node.device, device) or not any(
-                i.partition(":")[0] in handles for i in node.input if not i.startswith("^")):
+        if node.op in VARIABLE_READERS or same_device(node.device, device):
+            continue
+        if not (_computes_on_host(node, device, handles) or any(
+                i.partition(":")[0] in handles for i in node.input if not i.startswith("^"))):
             continue
         for slot, raw in enumerate(node.input):
             if raw.startswith("^") or raw.partition(":")[0] in handles:
@@ -472,7 +510,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
     # newest copy; the original is gone after its first swap-out.
     copies: dict[tuple[str, int], list[tuple[str, int]]] = {}
     came_back: dict[tuple[str, int], str] = {}
-    host_values = host_homed_reads(captured, graph_def)
+    host_values = host_values_of(captured, graph_def)
 
     def at(swap) -> float:
         # A prefetch has no swap-out: it belongs just before its first reader.
@@ -491,7 +529,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
         if swap.kind != "round_trip" and (producer, index) not in host_values:
             raise RewriteError(
                 f"swap {swap.id!r} is a {swap.kind} of {swap.tensor}, which is not a read of a "
-                "host-homed variable: a device variable stays on the device (create the model "
+                "host-homed variable or a value made on the host: a device variable stays on the device (create the model "
                 "and optimizer under tf.device(host) to keep parameters in host memory), so "
                 "plan with its value resident (tfswap.pin_parameters)")
         if swap.kind in ("drop", "writeback"):
