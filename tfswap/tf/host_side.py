@@ -190,18 +190,23 @@ def update_groups(captured: CapturedFunction, device: str) -> tuple[UpdateGroup,
             readers.setdefault(_node_of(raw), []).append(node.name)
     writers = {n.name: _node_of(n.input[0]) for n in graph_def.node
                if n.op not in VARIABLE_READERS and _data(n) and _node_of(n.input[0]) in handles}
-    written_shapes = {tuple(handles[h].shape.as_list()) for h in writers.values()}
+    # The variables each update op's value ends in: a scalar shared by every
+    # variable's update (the step counter's bias correction) has none of their
+    # shapes, so it stays out and the groups stay apart.
+    feeds: dict[str, set[str]] = {w: {h} for w, h in writers.items()}
     cone: set[str] = set()
     for name in reversed(topological_order(graph_def)):
         node = nodes[name]
         if node.op not in UPDATE_ARITHMETIC or not same_device(node.device, device) \
-                or name in fetched or not readers.get(name):
+                or name in fetched or not readers.get(name) \
+                or not all(r in cone or r in writers for r in readers[name]):
             continue
         out = graph.get_operation_by_name(name).outputs[0]
-        if not out.shape.is_fully_defined() or tuple(out.shape.as_list()) not in written_shapes:
-            continue
-        if all(r in cone or r in writers for r in readers[name]):
+        ends = set().union(*(feeds[r] for r in readers[name]))
+        if out.shape.is_fully_defined() and any(
+                out.shape.as_list() == handles[h].shape.as_list() for h in ends):
             cone.add(name)
+            feeds[name] = ends
     if not cone:
         return ()
     # Connected parts: cone ops with the writers they feed, joined through the
@@ -258,11 +263,12 @@ def _rows(graph: tf.Graph, nodes: dict, ops, writers, handles, written) -> int:
     a slice of its rows (every input a slice, a broadcast along rows, or the
     data and ids of an UnsortedSegmentSum) and each writer assigns a whole new
     value; else 0."""
-    shapes = {tuple(handles[written[w]].shape.as_list()) for w in writers}
+    fed = _fed_writers(nodes, ops, writers)
+    shapes = {tuple(handles[written[w]].shape.as_list()) for w in fed}
     if len({s[0] if s else None for s in shapes}) != 1 or not next(iter(shapes)):
         return 0
     rows = next(iter(shapes))[0]
-    if rows < 2 or any(nodes[w].op != "AssignVariableOp" for w in writers):
+    if rows < 2 or any(nodes[w].op != "AssignVariableOp" for w in fed):
         return 0
     for name in ops:
         op = graph.get_operation_by_name(name)
@@ -274,6 +280,13 @@ def _rows(graph: tf.Graph, nodes: dict, ops, writers, handles, written) -> int:
             if _slicing(t.shape.as_list(), op.outputs[0].shape.as_list(), rows) is None:
                 return 0
     return rows
+
+
+def _fed_writers(nodes: dict, ops, writers) -> list[str]:
+    """The writers whose new value an update op computes (a scatter of the
+    gradient's rows into a slot is a writer of the group that none feeds)."""
+    ops = set(ops)
+    return [w for w in writers if any(_node_of(i) in ops for i in _data(nodes[w])[1:])]
 
 
 def _slicing(shape: list, out: list, rows: int):
@@ -363,11 +376,20 @@ def updates_in_pieces(captured: CapturedFunction, device: str, group: UpdateGrou
             base = f"{op.name}{PIECE_SUFFIX}{p}"
             if k == 2:
                 return const(base + "/segments", e - s, tensor.dtype, device)
-            shifted = graph_def.node.add(name=base + "/ids", op="Sub", device=device)
+            # Ids of other pieces' rows become -1, which the sum drops (the CPU
+            # kernel refuses ids past the last segment, so those cannot stay).
+            shifted = graph_def.node.add(name=base + "/shifted", op="Sub", device=device)
             shifted.input.extend([ref, const(base + "/first", s, tensor.dtype, device)])
-            shifted.attr["T"].type = tensor.dtype.as_datatype_enum
-            costs[shifted.name] = (op.name, 0.0)
-            return shifted.name
+            inside = graph_def.node.add(name=base + "/inside", op="Less", device=device)
+            inside.input.extend([shifted.name, const(base + "/count", e - s, tensor.dtype,
+                                                     device)])
+            ids = graph_def.node.add(name=base + "/ids", op="SelectV2", device=device)
+            ids.input.extend([inside.name, shifted.name,
+                              const(base + "/dropped", -1, tensor.dtype, device)])
+            for node in (shifted, inside, ids):
+                node.attr["T"].type = tensor.dtype.as_datatype_enum
+                costs[node.name] = (op.name, 0.0)
+            return ids.name
         if _slicing(tensor.shape.as_list(), out, group.rows) == "whole":
             return ref
         if source.op == "ReadVariableOp" and same_device(source.device, host):
@@ -396,7 +418,7 @@ def updates_in_pieces(captured: CapturedFunction, device: str, group: UpdateGrou
             node.input.extend(piece_input(op, k, ref, p) for k, ref in enumerate(data))
             node.input.extend(i for i in original.input if i.startswith("^"))
             costs[node.name] = (name, 1.0 / pieces)
-    for writer in group.writers:
+    for writer in _fed_writers(nodes, group.ops, group.writers):
         original = nodes[writer]
         value = _data(original)[1]
         rank = len(graph.get_tensor_by_name(_as_tensor(value)).shape)
