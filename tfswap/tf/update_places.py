@@ -45,8 +45,8 @@ class Placed:
 
 def with_derived_costs(prof, derived: dict):
     """``prof`` with each new op of ``derived`` (new op -> (op it takes a share of,
-    share)) costing that share of the op's time and scratch."""
-    if not derived:
+    share)) costing that share of the op's time and scratch (None: no profile)."""
+    if not derived or prof is None:
         return prof
     from tfswap.core.profile import OpProfile
 
