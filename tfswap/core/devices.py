@@ -99,19 +99,30 @@ class DeviceSpec:
 # copy_latency_s is left at 0: a per-call cudaMemcpyAsync overhead of 5-7 us for
 # small copies has been reported (Wu et al., "DualPath", arXiv 2602.21548, §5.2),
 # on one unnamed machine; set it with dataclasses.replace to study its effect.
+# Work tfswap places on the host (gathers of a host table's rows, updates of
+# host variables: tfswap.tf.host_side) runs on the host's CPU at what its
+# elementwise kernels move: 14-16 GB/s (bytes read + written) measured for
+# TensorFlow's AddV2 of two 5-20 MiB float32 tensors on a 2-core AMD EPYC
+# (2026-11-25).  A server with more cores moves more, so this prices host
+# work conservatively.
+HOST_CPU_BYTES_PER_S = 15 * GB
+
 PRESETS: dict[str, DeviceSpec] = {
     "v100-16g-pcie3": DeviceSpec(
         name="v100-16g-pcie3", memory_bytes=16 * GiB, peak_flops=0.7 * 14.0e12,
         memory_bandwidth_bytes_per_s=0.8 * 900 * GB, h2d_bytes_per_s=12 * GB,
-        d2h_bytes_per_s=12 * GB, duplex_bytes_per_s=20 * GB, launch_overhead_s=5e-6),
+        d2h_bytes_per_s=12 * GB, duplex_bytes_per_s=20 * GB, launch_overhead_s=5e-6,
+        host_memory_bandwidth_bytes_per_s=HOST_CPU_BYTES_PER_S),
     "a100-40g-pcie4": DeviceSpec(
         name="a100-40g-pcie4", memory_bytes=40 * GiB, peak_flops=0.7 * 19.5e12,
         memory_bandwidth_bytes_per_s=0.8 * 1555 * GB, h2d_bytes_per_s=24 * GB,
-        d2h_bytes_per_s=24 * GB, duplex_bytes_per_s=40 * GB, launch_overhead_s=4e-6),
+        d2h_bytes_per_s=24 * GB, duplex_bytes_per_s=40 * GB, launch_overhead_s=4e-6,
+        host_memory_bandwidth_bytes_per_s=HOST_CPU_BYTES_PER_S),
     "h100-80g-pcie5": DeviceSpec(
         name="h100-80g-pcie5", memory_bytes=80 * GiB, peak_flops=0.7 * 51.0e12,
         memory_bandwidth_bytes_per_s=0.8 * 2000 * GB, h2d_bytes_per_s=50 * GB,
-        d2h_bytes_per_s=50 * GB, duplex_bytes_per_s=80 * GB, launch_overhead_s=4e-6),
+        d2h_bytes_per_s=50 * GB, duplex_bytes_per_s=80 * GB, launch_overhead_s=4e-6,
+        host_memory_bandwidth_bytes_per_s=HOST_CPU_BYTES_PER_S),
 }
 
 

@@ -20,12 +20,14 @@ Example::
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import re
 import statistics
 import time
 
-from tfswap.core.devices import DeviceSpec, _cache_dir, device_spec, gpu_preset
+from tfswap.core.devices import (HOST_CPU_BYTES_PER_S, DeviceSpec, _cache_dir, device_spec,
+                                 gpu_preset)
 
 # Sizes of the link measurement for an unknown GPU: one per decade from 64 KiB to
 # 64 MiB, enough for the line's intercept (latency) and slope (bandwidth).
@@ -98,7 +100,11 @@ def measured_spec(device: str, name: str, host: str = "/device:CPU:0",
     path = _cache_dir() / f"gpu-{slug}.json"
     if cache and path.exists():
         try:
-            return DeviceSpec.from_json(path.read_text()), f"measured earlier (cached in {path})"
+            spec = DeviceSpec.from_json(path.read_text())
+            if spec.host_memory_bandwidth_bytes_per_s is None:   # cached before the field
+                spec = dataclasses.replace(
+                    spec, host_memory_bandwidth_bytes_per_s=HOST_CPU_BYTES_PER_S)
+            return spec, f"measured earlier (cached in {path})"
         except (ValueError, TypeError, KeyError, OSError):
             pass
     from tfswap.tf import link
@@ -114,7 +120,8 @@ def measured_spec(device: str, name: str, host: str = "/device:CPU:0",
         name=f"measured-{slug}", memory_bytes=total_memory_bytes(physical_index(device)),
         peak_flops=matmul_flops(device), memory_bandwidth_bytes_per_s=memory_bandwidth(device),
         h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h, duplex_bytes_per_s=max(duplex, h2d, d2h),
-        copy_latency_s=max(h2d_latency, d2h_latency))
+        copy_latency_s=max(h2d_latency, d2h_latency),
+        host_memory_bandwidth_bytes_per_s=HOST_CPU_BYTES_PER_S)
     how = f"measured on this machine in {time.monotonic() - started:.1f} s"
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
