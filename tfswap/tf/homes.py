@@ -17,9 +17,20 @@ Moving keeps the user's objects: each moved ``tf.Variable`` takes the handle
 of a new variable in host memory holding its value, so Keras ``get_weights``,
 ``save``, checkpoints and callbacks read and write the host copy, and the
 device buffer is released (the old resource is left holding an empty
-tensor).  A function traced before the move captured the old handle; calling
-it fails with a shape error instead of reading stale values, so trace again
-(Keras's cached functions are reset by :class:`tfswap.keras.SwapCallback`).
+tensor).  Every function traced before the move follows the variables: each
+live ``ConcreteFunction`` in the process (a ``tf.function``'s traces, Keras's
+train/test/predict functions, their concrete functions) that captured an old
+handle is given the new one, so it runs on the moved variables, its reads
+and updates placed on the host by TensorFlow (an op on a resource runs where
+the resource lives), unplanned: every read it makes copies the value in.
+:meth:`Relocation.undo` does the reverse, so a function traced while the
+variables were moved reads them on the device afterwards.  A step planned by
+tfswap is planned for where the variables were, so one that held a handle
+that moved raises :class:`StalePlanError` when called (plan it again).
+What cannot be followed, because it is not a Python ``ConcreteFunction`` or
+variable object (a ``tf.data`` pipeline that captured a variable, a handle
+tensor the user kept), reads an empty tensor: TensorFlow's shape error, or,
+for an op that accepts an empty tensor, an empty result.
 A variable read inside a loop or branch body stays on the device: TensorFlow
 would copy it in on every read, unplanned.
 
@@ -33,6 +44,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import gc
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,12 +58,20 @@ def _nbytes(variable) -> int:
     return int(np.prod(variable.shape.as_list(), dtype=np.int64)) * variable.dtype.size
 
 
+class StalePlanError(RuntimeError):
+    """A step tfswap planned was called after the variables it was planned with
+    moved between the device and host memory; the message says which, and what
+    to do."""
+
+
 @dataclass(frozen=True)
 class Moved:
-    """One variable moved to the host: the user's object and its former device handle."""
+    """One variable moved to the host: the user's object, its former device handle
+    and the handle of its resource in host memory."""
 
     variable: tf.Variable
     device_handle: tf.Tensor
+    host_handle: tf.Tensor
 
     @property
     def nbytes(self) -> int:
@@ -70,13 +90,24 @@ class Relocation:
         return sum(m.nbytes for m in self.moved)
 
     def undo(self) -> None:
-        """Put every moved variable back on its device, with its current value."""
-        for m in self.moved:
+        """Put every moved variable back on its device, with its current value.
+
+        Functions holding a host handle (traced while the variables were moved,
+        or traced before and re-pointed) are re-pointed to the device handles;
+        the host resources are emptied.  A variable that no longer uses this
+        relocation's host handle (undone already) is left as it is.
+        """
+        back = [m for m in self.moved if m.variable.handle is m.host_handle]
+        for m in back:
             value = m.variable.read_value()
             # The device resource holds an empty tensor: assign the full shape back.
             tf.raw_ops.AssignVariableOp(resource=m.device_handle, value=value,
                                         validate_shape=False)
             _point(m.variable, m.device_handle)
+            _empty(m.host_handle, m.variable.dtype)
+        if back:
+            follow({id(m.host_handle): (m.host_handle, m.device_handle, m.variable)
+                    for m in back}, _restored)
 
     def describe(self) -> str:
         return (f"moved {len(self.moved)} variable(s) ({self.nbytes} B) to host memory "
@@ -87,6 +118,101 @@ def _point(variable, handle) -> None:
     """Make ``variable`` (a ResourceVariable) use the resource behind ``handle``."""
     variable._handle = handle
     variable._cached_value = None   # a caching_device's copy belongs to the old resource
+
+
+def _empty(handle, dtype) -> None:
+    """Free the memory of the resource behind ``handle``: whatever still reads it
+    (nothing tfswap could re-point) gets an empty tensor, never a stale value."""
+    tf.raw_ops.AssignVariableOp(resource=handle, value=tf.zeros([0], dtype),
+                                validate_shape=False)
+
+
+def _moved_since(variable) -> str:
+    return (f"tfswap: this planned step was planned with {variable.name} on the device, and "
+            "tfswap has since moved it to host memory (an optimize or load_plan with "
+            "parameters 'auto' or 'host'), so the plan no longer applies. Plan this step again "
+            "(tfswap.optimize), or first put the variables back with restore_parameters() on "
+            "the OptimizedFunction that moved them.")
+
+
+def _restored(variable) -> str:
+    return (f"tfswap: this planned step ran with {variable.name} in host memory, and "
+            "restore_parameters() (or a plan that failed) has put it back on the device, so "
+            "the plan no longer applies. Plan again (tfswap.optimize), or load the saved plan "
+            "(tfswap.load_plan), which moves the variables to host memory again.")
+
+
+def _refuse(message: str):
+    def capture():   # called for the function's captured inputs, before it runs
+        raise StalePlanError(message)
+
+    return capture
+
+
+def follow(moves: dict, stale) -> int:
+    """Make every live function and variable object in the process that holds a
+    moved handle use the resource's new handle.
+
+    ``moves``: ``{id(old handle): (old handle, new handle, variable)}``, the old
+    handles alive (they key the map).  ``stale(variable)``: the message a step
+    tfswap planned (:class:`tfswap.tf.runtime.BoundFunction`) raises instead, as
+    :class:`StalePlanError`, when called: its plan placed the ops on the
+    variable's former home.  Returns how many functions and variable objects
+    changed.
+
+    One pass over ``gc.get_objects()`` finds them (about 0.1 s in a process
+    with Keras and a few models loaded); nothing else lists the
+    ``ConcreteFunction``s alive.  Each takes the new handle as its captured
+    input, and its FuncGraph records it as the capture, so a function that
+    calls it, or ``tf.saved_model.save``, sees the handle it runs with.  Other
+    ResourceVariable objects on the same resource (the ``_UnreadVariable`` an
+    eager ``assign`` returns) take it too.
+
+    Example::
+
+        old = variable.handle
+        ...                                   # variable now uses a new resource
+        follow({id(old): (old, variable.handle, variable)}, lambda v: f"{v.name} moved")
+    """
+    from tensorflow.python.eager.polymorphic_function.concrete_function import \
+        ConcreteFunction
+    from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
+
+    from tfswap.tf.runtime import BoundFunction
+
+    kinds = (ConcreteFunction, BoundFunction, BaseResourceVariable)
+    functions, plans, changed = [], set(), 0
+    for obj in gc.get_objects():
+        if not isinstance(obj, kinds):
+            continue
+        if isinstance(obj, ConcreteFunction):
+            if any(id(c) in moves for c in obj._captured_inputs):
+                functions.append(obj)
+        elif isinstance(obj, BoundFunction):
+            plans.add(id(obj._wrapped))
+        elif id(getattr(obj, "_handle", None)) in moves:
+            _point(obj, moves[id(obj._handle)][1])
+            changed += 1
+    for fn in functions:
+        if id(fn) in plans:
+            fn.set_external_captures([
+                _refuse(stale(moves[id(c)][2])) if id(c) in moves else c
+                for c in fn._captured_inputs])
+        else:
+            fn.set_external_captures([moves[id(c)][1] if id(c) in moves else c
+                                      for c in fn._captured_inputs])
+            _record(fn.graph, moves)
+    return changed + len(functions)
+
+
+def _record(graph, moves: dict) -> None:
+    """Make ``graph``'s capture record name the new handles, in the same order (the
+    order of the function's captured inputs and of its placeholders)."""
+    external = graph.external_captures
+    if any(id(c) in moves for c in external):
+        graph.function_captures.reset_captures(
+            [moves[id(c)][1] if id(c) in moves else c for c in external],
+            graph.internal_captures)
 
 
 def _plain(variable) -> bool:
@@ -114,8 +240,11 @@ def move_to_host(variables, host: str) -> Relocation:
     """Move ``variables`` (the user's ResourceVariables) to host memory in place.
 
     Each gets a new resource on ``host`` holding its value; its former device
-    resource is emptied, which frees the device memory even where a function
-    traced before still holds the old handle.
+    resource is emptied, which frees the device memory.  Every function traced
+    before that captured a former handle is re-pointed to the new one
+    (:func:`follow`), so the user's ``tf.function`` keeps computing on the
+    moved variables; a step tfswap planned with them on the device raises
+    :class:`StalePlanError` instead.
     """
     moved = []
     try:
@@ -127,9 +256,10 @@ def move_to_host(variables, host: str) -> Relocation:
                                     name=variable.name.partition(":")[0] + "_host")
             old = variable.handle
             _point(variable, fresh.handle)
-            moved.append(Moved(variable, old))
-            tf.raw_ops.AssignVariableOp(resource=old, value=tf.zeros([0], variable.dtype),
-                                        validate_shape=False)
+            moved.append(Moved(variable, old, fresh.handle))
+            _empty(old, variable.dtype)
+        follow({id(m.device_handle): (m.device_handle, m.host_handle, m.variable)
+                for m in moved}, _moved_since)
     except BaseException:
         Relocation(tuple(moved), host).undo()
         raise
@@ -315,5 +445,5 @@ def traffic(captured: CapturedFunction, plan, writebacks: dict) -> tuple[Traffic
                                              r.variable)))
 
 
-__all__ = ["IN_PLACE_UPDATES", "Traffic", "traffic", "Moved", "Relocation", "chosen", "movable", "move_to_host",
-           "rehomed", "updates_on_device"]
+__all__ = ["IN_PLACE_UPDATES", "Traffic", "traffic", "Moved", "Relocation", "StalePlanError",
+           "chosen", "follow", "movable", "move_to_host", "rehomed", "updates_on_device"]
