@@ -75,7 +75,11 @@ class OptimizedFunction:
 
     def restore_parameters(self) -> None:
         """Put the variables this call moved to host memory back on the device (values
-        kept); this function must not be called afterwards.
+        kept).  Every function that follows them (:func:`tfswap.tf.homes.follow`:
+        the user's ``tf.function``s, traced before the move or while the variables
+        were moved) runs on the device again; this function, planned for the
+        host, raises :class:`tfswap.tf.homes.MovedVariablesError` if called
+        afterwards.
 
         Example::
 

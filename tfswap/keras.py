@@ -159,8 +159,8 @@ class SwapCallback(keras.callbacks.Callback):
     ``host``, ``parameters``: passed to :func:`tfswap.optimize` for every plan.
     Where a plan moves the model's variables to host memory (``parameters``
     "auto" or "host"), they stay the model's: ``get_weights``, ``save`` and
-    checkpoints see every update, and Keras's own step functions are traced
-    again on the moved variables.
+    checkpoints see every update, and Keras's own functions (and any other
+    ``tf.function`` traced before) follow them to the host and keep working.
     ``plan_path``: a directory; each plan is saved there under a name made
     of the step kind and the batch signature, and loaded from there next
     time if it was made for the same graph and budget (else re-planned and
@@ -401,17 +401,30 @@ class SwapCallback(keras.callbacks.Callback):
         return fast
 
     def _after_move(self) -> None:
-        """The model's variables moved to host memory: every function traced before
-        holds their old, emptied handles.  Keras's are traced again, and the
-        other planned steps are planned again when next used."""
+        """The model's variables moved to host memory.  Keras's own functions
+        follow them (:func:`tfswap.tf.homes.follow` re-points every traced
+        function), so they keep working unchanged, except XLA-compiled ones: XLA
+        cannot read a variable in host memory, so the model runs without XLA
+        from here on (its functions are traced again).  The steps planned before
+        for other signatures were planned with the variables on the device:
+        their plans no longer hold (the reads now come from the host,
+        unplanned), and calling one raises
+        :class:`tfswap.tf.homes.MovedVariablesError`, so each is planned again
+        when next used."""
         model = self.model
-        for kind in ("train", "test", "predict"):
-            ours = getattr(model, f"{kind}_function") if kind in self._saved else None
-            setattr(model, f"{kind}_function", None)
-            if kind in self._saved:   # Keras's function, traced on the moved variables
-                getattr(model, f"make_{kind}_function")(force=True)
-                self._saved[kind] = getattr(model, f"{kind}_function")
-                setattr(model, f"{kind}_function", ours)
+        if getattr(model, "jit_compile", False):
+            warnings.warn("tfswap.keras.SwapCallback: the model's variables moved to host "
+                          "memory, where XLA cannot read them; the model's own functions "
+                          "(evaluate, predict, fit) now run without XLA (model.jit_compile "
+                          "is set to False)", stacklevel=2)
+            model.jit_compile = False
+            for kind in KINDS:
+                ours = getattr(model, f"{kind}_function") if kind in self._saved else None
+                setattr(model, f"{kind}_function", None)
+                if kind in self._saved:   # Keras's function, the one our runner falls back to
+                    getattr(model, f"make_{kind}_function")(force=True)
+                    self._saved[kind] = getattr(model, f"{kind}_function")
+                    setattr(model, f"{kind}_function", ours)
         self.functions = {key: fast for key, fast in self.functions.items() if fast is None}
 
     def _load(self, path: Path, cf):

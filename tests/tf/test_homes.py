@@ -116,13 +116,57 @@ def test_moving_keeps_the_users_objects_and_frees_the_device_buffer():
     moved = homes.move_to_host([kernel], emulate.HOST)
     assert step.model.trainable_variables[0].value is kernel and on_host(kernel)
     np.testing.assert_array_equal(kernel.numpy(), value)
-    # The device resource now holds nothing, so a function traced before fails loudly.
+    # The device resource now holds nothing: what still reads it reads no stale value.
     emptied = tf.raw_ops.ReadVariableOp(resource=old_handle, dtype=kernel.dtype)
     assert emptied.shape == (0,)
     kernel.assign_add(tf.ones_like(kernel))
+    host_handle = kernel.handle
     moved.undo()
     assert not on_host(kernel)
     np.testing.assert_array_equal(kernel.numpy(), value + 1)
+    # Nor does the host resource once the variable is back.
+    assert tf.raw_ops.ReadVariableOp(resource=host_handle, dtype=kernel.dtype).shape == (0,)
+    moved.undo()                       # done already: nothing changes
+    assert not on_host(kernel)
+    np.testing.assert_array_equal(kernel.numpy(), value + 1)
+
+
+def _module():
+    module = tf.Module()
+    module.v = tf.Variable(tf.reshape(tf.range(64, dtype=tf.float32), [8, 8]))
+    module.f = tf.function(lambda x: tf.matmul(x, module.v),
+                           input_signature=[tf.TensorSpec([2, 8])])
+    return module
+
+
+def test_what_referenced_a_moved_variable_follows_it(tmp_path):
+    """A function traced before the move, its graph's capture record (which a
+    ConcreteFunction TF makes again from the graph reads), a function traced
+    after it that calls it, a SavedModel of it, and the ``_UnreadVariable`` an
+    eager ``assign`` returned all use the host resource, as an untouched twin's
+    use its own."""
+    module, twin = _module(), _module()
+    x = tf.ones([2, 8])
+    cf, twin_cf = module.f.get_concrete_function(), twin.f.get_concrete_function()
+    unread = module.v.assign_add(tf.ones([8, 8]))
+    twin_unread = twin.v.assign_add(tf.ones([8, 8]))
+    moved = homes.move_to_host([module.v], emulate.HOST)
+    assert on_host(module.v)
+    assert any(c is module.v.handle for c in cf.graph.external_captures)
+    for m in (module, twin):
+        m.v.assign_add(tf.ones([8, 8]))
+    np.testing.assert_array_equal(cf(x), twin_cf(x))
+    np.testing.assert_array_equal(tf.function(lambda x: cf(x) + 1)(x),
+                                  tf.function(lambda x: twin_cf(x) + 1)(x))
+    np.testing.assert_array_equal(unread.numpy(), twin_unread.numpy())
+    tf.saved_model.save(module, str(tmp_path))
+    loaded = tf.saved_model.load(str(tmp_path))
+    np.testing.assert_array_equal(loaded.f(x), twin_cf(x))
+    while_moved = tf.function(lambda: module.v * 2).get_concrete_function()
+    moved.undo()
+    assert not on_host(module.v)
+    np.testing.assert_array_equal(while_moved(), twin.v * 2)
+    np.testing.assert_array_equal(cf(x), twin_cf(x))
 
 
 def test_a_saved_plan_puts_the_variables_where_it_was_planned(tmp_path):
