@@ -171,7 +171,8 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
              executor=None, mode: str = "joint", inputs=None, safety_margin: float = 0.05,
              small_tensor_bytes: int | None = None, verify_rounds: int = 3,
              pool_layout: str = "shared", byte_planner: bool = False,
-             progress: bool = False, parameters: str = "auto") -> OptimizedFunction:
+             progress: bool = False, parameters: str = "auto",
+             recompute: bool = True) -> OptimizedFunction:
     """Plan swaps for ``concrete_fn`` so it runs within ``memory_budget`` of device memory.
 
     ``memory_budget``: bytes, a string such as "12GiB", or a fraction of the
@@ -181,7 +182,9 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     so a script without a main guard is safe); ``executor``: any
     ``concurrent.futures.Executor`` (a process pool, Dask's).  ``parameters``:
     "auto" (default), "device" or "host", where the variables live between
-    steps; moved variables stay the user's objects.  Every argument
+    steps; moved variables stay the user's objects.  ``recompute``: tensors
+    cheaper to compute again than to move are recomputed (False: swaps only).
+    Every argument
     is described, with its unit and default, in :class:`tfswap.pipeline.Options`;
     the stages are :mod:`tfswap.pipeline`'s.  Returns an
     :class:`OptimizedFunction`; a step that already fits gets no swaps.
@@ -198,7 +201,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
         executor=executor, mode=mode, inputs=inputs, safety_margin=safety_margin,
         small_tensor_bytes=small_tensor_bytes, verify_rounds=verify_rounds,
         pool_layout=pool_layout, byte_planner=byte_planner, progress=progress,
-        parameters=parameters)
+        parameters=parameters, recompute=recompute)
     prepared = pipeline.prepare(concrete_fn, options)
     if parameters == "host":
         return _on_host(prepared)

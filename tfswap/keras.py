@@ -156,7 +156,7 @@ class SwapCallback(keras.callbacks.Callback):
     ``memory_budget``: device bytes (int), a string such as "12GiB", or a
     fraction of the device's memory.  ``device_spec``, ``search_time``,
     ``generations``, ``seed``, ``workers``, ``safety_margin``, ``device``,
-    ``host``, ``parameters``: passed to :func:`tfswap.optimize` for every plan.
+    ``host``, ``parameters``, ``recompute``: passed to :func:`tfswap.optimize` for every plan.
     Where a plan moves the model's variables to host memory (``parameters``
     "auto" or "host"), they stay the model's: ``get_weights``, ``save`` and
     checkpoints see every update, and Keras's own functions (and any other
@@ -198,7 +198,8 @@ class SwapCallback(keras.callbacks.Callback):
                  plan_path=None, verbose: int = 1, *, generations: int | None = None,
                  seed: int = 0, workers: int | None = None, safety_margin: float = 0.05,
                  device: str | None = None, host: str | None = None,
-                 new_shapes: str = "plan", inference: bool = True, parameters: str = "auto"):
+                 new_shapes: str = "plan", inference: bool = True, parameters: str = "auto",
+                 recompute: bool = True):
         super().__init__()
         _require_tensorflow_backend()
         if isinstance(memory_budget, bool) or memory_budget is None:
@@ -213,6 +214,8 @@ class SwapCallback(keras.callbacks.Callback):
                              f"model's variables live between steps), got {parameters!r}")
         if new_shapes not in NEW_SHAPES:
             raise ValueError(f"new_shapes must be one of {NEW_SHAPES}, got {new_shapes!r}")
+        if not isinstance(recompute, bool):
+            raise ValueError(f"recompute must be True or False, got {recompute!r}")
         if isinstance(verbose, bool) or not isinstance(verbose, int) or verbose < 0:
             raise ValueError(f"verbose must be an int >= 0, got {verbose!r}")
         if plan_path is not None:
@@ -228,7 +231,7 @@ class SwapCallback(keras.callbacks.Callback):
         self._options = dict(device_spec=device_spec, search_time=float(search_time),
                              generations=generations, seed=seed, workers=workers,
                              safety_margin=safety_margin, device=device, host=host,
-                             parameters=parameters)
+                             parameters=parameters, recompute=recompute)
         self.functions: dict = {}
         self._saved: dict = {}
         self._warned: set = set()

@@ -117,6 +117,10 @@ class Options:
     variables of at least the small-tensor threshold.  Moved variables stay
     the user's objects (``get_weights``, checkpoints and ``save`` see every
     update); they are put back if planning fails.
+    ``recompute``: the plan may recompute a tensor instead of swapping it where
+    the simulator says that is faster (elementwise ops, normalizations and the
+    like, :mod:`tfswap.tf.recomputable`; :mod:`tfswap.core.recompute`); False:
+    swaps only.
     """
 
     memory_budget: Any
@@ -138,6 +142,7 @@ class Options:
     byte_planner: bool = False
     progress: bool = False
     parameters: str = "auto"
+    recompute: bool = True
 
     @classmethod
     def of(cls, memory_budget, **kwargs) -> "Options":
@@ -163,6 +168,8 @@ class Options:
         if small is not None and (isinstance(small, bool) or not isinstance(small, int)
                                   or small < 0):
             raise ValueError(f"small_tensor_bytes must be an int >= 0 (bytes), got {small!r}")
+        if not isinstance(self.recompute, bool):
+            raise ValueError(f"recompute must be True or False, got {self.recompute!r}")
         if isinstance(self.verify_rounds, bool) or not isinstance(self.verify_rounds, int) \
                 or self.verify_rounds < 0:
             raise ValueError(f"verify_rounds must be an int >= 0, got {self.verify_rounds!r}")
@@ -297,8 +304,9 @@ def prepare(concrete_fn, options: Options) -> Prepared:
         small = options.small_tensor_bytes if options.small_tensor_bytes is not None else \
             small_threshold(prof.peak_bytes or 0)
         captured, prof, places = host_work(captured, prof, spec, device, budget, options, small)
-    step = lower(captured, prof, spec, options.small_tensor_bytes) \
-        if options.small_tensor_bytes is not None else lower_default(captured, prof, spec)
+    step = lower(captured, prof, spec, options.small_tensor_bytes, options.recompute) \
+        if options.small_tensor_bytes is not None else \
+        lower_default(captured, prof, spec, options.recompute)
     if prof.source != "trace":
         from tfswap.tf.shapes import refuse_unsized
 
@@ -344,7 +352,8 @@ def place_parameters(prepared: Prepared) -> Prepared:
         captured, prof, places = host_work(captured, prof, prepared.spec, prepared.device,
                                            prepared.budget_bytes, prepared.options,
                                            prepared.step.small)
-        step = lower(captured, prof, prepared.spec, prepared.step.small)
+        step = lower(captured, prof, prepared.spec, prepared.step.small,
+                     prepared.options.recompute)
     except BaseException:
         relocation.undo()
         raise
@@ -418,7 +427,7 @@ def with_budget(prepared: Prepared, memory_budget) -> Prepared:
         options=dataclasses.replace(prepared.options, memory_budget=memory_budget))
 
 
-def lower_default(captured, prof, spec: DeviceSpec) -> Lowered:
+def lower_default(captured, prof, spec: DeviceSpec, recompute: bool = True) -> Lowered:
     """The step lowered at the default small-tensor threshold (:func:`small_threshold`
     of the step's no-swap peak).
 
@@ -427,25 +436,28 @@ def lower_default(captured, prof, spec: DeviceSpec) -> Lowered:
     passed back (other tensors become small).  Without a measured peak
     (analytic, isolated profiles), the unconstrained plan's.
     """
-    step = lower(captured, prof, spec, small_threshold(prof.peak_bytes or 0))
+    step = lower(captured, prof, spec, small_threshold(prof.peak_bytes or 0), recompute)
     if not prof.peak_bytes:
         wanted = small_threshold(step.unconstrained.prediction.peak_bytes)
         if wanted != step.small:
-            step = lower(captured, prof, spec, wanted)
+            step = lower(captured, prof, spec, wanted, recompute)
     return step
 
 
-def lower(captured, prof, spec: DeviceSpec, small: int) -> Lowered:
+def lower(captured, prof, spec: DeviceSpec, small: int, recompute: bool = True) -> Lowered:
     """The captured step as the planners see it, with tensors under ``small`` bytes
     in the small pool.  Every plan here has ``params_start_on_host``: TensorFlow
-    keeps no device copy of a host variable between steps."""
+    keeps no device copy of a host variable between steps.  ``recompute``: the
+    planners may recompute the ops that can run again
+    (:mod:`tfswap.tf.recomputable`); False: swaps only."""
     from tfswap.tf import ir
 
     lowered = ir.lower(captured, prof, small_bytes=small)
     problem = Problem.of(planning_graph(lowered, spec),
                          keep=tuple(lowered.fetches) + tuple(lowered.assigned),
                          schedule=lowered.schedule(), small_threshold_bytes=small,
-                         params_start_on_host=True)
+                         params_start_on_host=True,
+                         recomputable=lowered.recomputable if recompute else ())
     unconstrained = planners.run("tfswap.order", problem, 1 << 62, spec).plan
     return Lowered(lowered, problem, unconstrained)
 
@@ -843,7 +855,8 @@ def after_infeasible(prepared: Prepared, attempt: Attempt, err: Infeasible) -> A
         # pool that nothing swaps; at a tight budget that pool is what does not
         # fit.  (Or not: more tensors in size classes can also need more; the
         # budget named if both fail is the smaller of the two minimums.)
-        step = lower(prepared.captured, prepared.profile, prepared.spec, SMALLEST_SMALL_BYTES)
+        step = lower(prepared.captured, prepared.profile, prepared.spec, SMALLEST_SMALL_BYTES,
+                     prepared.options.recompute)
         note = (f"no plan with tensors under {attempt.step.small} B kept in the small pool: "
                 f"planned with {step.small} B")
         return _attempt_at(prepared, step, attempt.pool_layout, threshold_lowered=True,

@@ -33,6 +33,9 @@ Version 5 adds ``host_variables``: the captured variables (by placeholder
 name) that live in host memory when the plan runs, so that a saved plan
 puts the user's variables where it was planned for (``tfswap.load_plan``);
 older files have none listed.
+Version 7 adds ``Swap.ops``: the ops a recomputation runs again (a tensor
+written in place by several ops is recomputed by all of them); older files
+have none (the producer alone).
 Version 6 adds ``update_places``: where the update of each group of
 host-homed variables runs (:class:`UpdatePlace`), so that a saved plan runs
 its updates where it was planned to; older files have none (every update
@@ -46,8 +49,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PLAN_FORMAT_VERSION = 6
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+PLAN_FORMAT_VERSION = 7
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 # Pool objects start at multiples of this (tfswap/ops/pool_core.h kObjectAlignment).
 OBJECT_ALIGNMENT = 256
 SWAP_KINDS = ("round_trip", "prefetch", "writeback", "drop", "recompute")
@@ -81,7 +84,9 @@ class Swap:
     ``out_after`` (nothing is copied; ``bytes`` is what it frees).
     "recompute": the device copy is discarded after ``out_after`` and the
     tensor's producer runs again right before the first of ``consumers``
-    (nothing is copied; ``in_after`` and ``in_wait_for`` stay empty).
+    (nothing is copied; ``in_after`` and ``in_wait_for`` stay empty);
+    ``ops``, where given, are the ops run again in order (the producer, then
+    the ops that wrote its buffer in place, the last one making ``tensor``).
 
     Example::
 
@@ -98,11 +103,15 @@ class Swap:
     id: str = ""
     kind: str = "round_trip"
     out_before: tuple[str, ...] = ()
+    ops: tuple[str, ...] = ()   # a recompute: the ops run again, in order
 
     def __post_init__(self):
         if not self.id:
             object.__setattr__(self, "id", self.tensor)
         object.__setattr__(self, "consumers", tuple(self.consumers))
+        object.__setattr__(self, "ops", tuple(self.ops))
+        if self.ops and self.kind != "recompute":
+            raise ValueError(f"{self.kind} of {self.tensor}: only a recompute runs ops again")
         object.__setattr__(self, "in_wait_for", tuple(self.in_wait_for))
         object.__setattr__(self, "out_before", tuple(self.out_before))
         if self.kind not in SWAP_KINDS:

@@ -39,6 +39,7 @@ from tfswap.core.infeasible import Infeasible
 from tfswap.core.plan import Plan
 from tfswap.core.planner import plan_swaps
 from tfswap.core.problem import Problem
+from tfswap.core.recompute import with_recomputes
 
 
 @dataclass(frozen=True)
@@ -114,24 +115,32 @@ def _host_parameters_unsupported(problem: Problem, name: str) -> None:
 @register(search.PLANNER_NAME)
 def genetic(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
             config: search.SearchConfig = search.SearchConfig(),
-            recency_margin_s: float = 0.0) -> PlanResult:
-    """SwapAdvisor's search over schedules and pools, starting from TF's order."""
+            recency_margin_s: float = 0.0, recompute: bool = True) -> PlanResult:
+    """SwapAdvisor's search over schedules and pools, starting from TF's order;
+    with ``recompute``, its plan's round trips that are cheaper to compute again
+    made recomputations (:func:`tfswap.core.recompute.with_recomputes`, for the
+    ops ``problem.recomputable`` names)."""
     res = search.plan(problem.graph, budget_bytes, spec, config=config,
                       initial_schedule=problem.schedule, keep=problem.keep,
                       recency_margin_s=recency_margin_s,
                       params_start_on_host=problem.params_start_on_host,
                       small_threshold_bytes=problem.small_threshold_bytes,
                       compiled=problem.compiled)
-    return PlanResult(res.plan, res)
+    if not recompute:
+        return PlanResult(res.plan, res)
+    hybrid = with_recomputes(problem, res.plan, spec, budget_bytes)
+    return PlanResult(hybrid, dataclasses.replace(res, plan=hybrid) if hybrid is not res.plan
+                      else res)
 
 
 @register("swapadvisor")
 def swapadvisor(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
                 config: search.SearchConfig = search.SearchConfig()) -> PlanResult:
-    """The genetic search as published: every pool object has memory of its own."""
+    """The genetic search as published: every pool object has memory of its own,
+    swaps only."""
     return genetic(problem, budget_bytes, spec,
                    config=dataclasses.replace(config, pool_layout="disjoint",
-                                              byte_planner=False))
+                                              byte_planner=False), recompute=False)
 
 
 @register("tfswap")

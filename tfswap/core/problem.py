@@ -36,6 +36,9 @@ class Problem:
     live in a small pool and are never swapped.  ``params_start_on_host``:
     parameters that are not pinned start the step in host memory (a variable
     TensorFlow keeps on the host).  ``compiled``: the flattened arrays.
+    ``recomputable``: names of the ops that compute the same value when run
+    again on the same inputs, which a planner may recompute instead of
+    swapping their output (:mod:`tfswap.core.recompute`); empty: swaps only.
     """
 
     graph: DataflowGraph
@@ -44,12 +47,13 @@ class Problem:
     small_threshold_bytes: int
     params_start_on_host: bool
     compiled: CompiledGraph = field(repr=False)
+    recomputable: frozenset = frozenset()
 
     @classmethod
     def of(cls, graph: DataflowGraph, *, keep: Sequence[str] = (),
            schedule: Sequence[str] | None = None,
            small_threshold_bytes: int = DEFAULT_SMALL_BYTES,
-           params_start_on_host: bool = False) -> "Problem":
+           params_start_on_host: bool = False, recomputable=()) -> "Problem":
         """The problem of ``graph`` (``schedule`` None: its topological order)."""
         if isinstance(small_threshold_bytes, bool) or not isinstance(small_threshold_bytes, int) \
                 or small_threshold_bytes < 0:
@@ -59,8 +63,12 @@ class Problem:
         compiled = CompiledGraph.build(graph, small_threshold_bytes, keep)
         order = compiled.order_of(schedule)   # checks the schedule is a topological order
         names = tuple(graph.ops[int(o)].name for o in order)
+        unknown = set(recomputable) - {op.name for op in graph.ops}
+        if unknown:
+            raise ValueError(f"recomputable names ops that are not in the graph: "
+                             f"{sorted(unknown)[:3]}")
         return cls(graph, keep, names, int(small_threshold_bytes), bool(params_start_on_host),
-                   compiled)
+                   compiled, frozenset(recomputable))
 
     @property
     def pinned_bytes(self) -> int:

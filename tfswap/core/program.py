@@ -56,10 +56,23 @@ class InRec:
 @dataclass(frozen=True)
 class RecomputeRec:
     """``buf``'s producer runs again on the compute stream right before the op at
-    ``need``; ``drop`` (an index into ``Program.outs``, a drop) discarded the copy."""
+    ``need``; ``drop`` (an index into ``Program.outs``, a drop) discarded the copy.
+    ``ops``: the op ids run again, in order (the producer, then the ops that
+    wrote its buffer in place); empty: the producer alone."""
     buf: int
     drop: int
     need: int
+    ops: tuple[int, ...] = ()
+
+
+def recompute_ops(cg: CompiledGraph, rec: RecomputeRec) -> tuple[int, ...]:
+    """The op ids ``rec`` runs again, in order."""
+    if rec.ops:
+        return rec.ops
+    for op in range(cg.n_ops):
+        if rec.buf in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]:
+            return (op,)
+    raise ValueError(f"buffer {cg.buf_names[rec.buf]!r} has no producer to run again")
 
 
 @dataclass(frozen=True)
@@ -82,10 +95,38 @@ def canonical(order, resident, outs, ins, op_waits, recomputes=()) -> Program:
                new_of[r.own_out] if r.own_out >= 0 else -1, r.need) for r in ins),
         key=lambda r: (r.need, r.buf)))
     waits = tuple(sorted((k, new_of[j]) for k, j in op_waits))
-    recs = tuple(sorted((RecomputeRec(r.buf, new_of[r.drop], r.need) for r in recomputes),
+    recs = tuple(sorted((RecomputeRec(r.buf, new_of[r.drop], r.need, tuple(r.ops))
+                         for r in recomputes),
                         key=lambda r: (r.need, r.buf)))
     return Program(tuple(int(o) for o in order), tuple(sorted(resident)), outs_sorted,
                    ins_sorted, waits, recs)
+
+
+def inputs_back(cg: CompiledGraph, prog: Program) -> Program:
+    """``prog`` with the inputs of each recomputation on the device when it runs.
+
+    A recomputed op reads its inputs right before the op at its ``need``.  An
+    input the plan swapped out before then and brings back only for a later
+    reader is brought back for the recomputation instead: its swap-in's
+    ``need`` becomes the recomputation's, and its trigger at the latest the op
+    just before (the copy may then hold up the compute stream; the simulator
+    prices it).  A Plan does not store this: :func:`from_plan` derives it again.
+    """
+    if not prog.recomputes:
+        return prog
+    ins = list(prog.ins)
+    for rec in prog.recomputes:
+        inputs = {int(x) for p in recompute_ops(cg, rec)
+                  for x in cg.op_in[cg.op_in_ptr[p]:cg.op_in_ptr[p + 1]]} - {rec.buf}
+        for x in sorted(inputs):
+            for i, r in enumerate(ins):
+                if r.buf == int(x) and r.own_out >= 0 and r.need > rec.need and \
+                        prog.outs[r.own_out].out_after < rec.need:
+                    ins[i] = InRec(r.buf, min(r.trigger, rec.need - 1), r.waits, r.own_out,
+                                   rec.need)
+    return Program(prog.order, prog.resident, prog.outs,
+                   tuple(sorted(ins, key=lambda r: (r.need, r.buf))), prog.op_waits,
+                   prog.recomputes)
 
 
 def buffer_classes(cg: CompiledGraph, allocation: Allocation) -> np.ndarray:
@@ -159,7 +200,9 @@ def to_plan_swaps(cg: CompiledGraph, prog: Program) -> tuple[tuple[Swap, ...], t
             tensor=cg.buf_names[buf], kind=kind, bytes=nbytes[buf], id=ids[e],
             out_after=op_name(prog.outs[j].out_after) if j >= 0 else "",
             out_before=tuple(out_before.get(j, ())) if j >= 0 else (),
-            in_after=in_after, consumers=consumers, in_wait_for=waits))
+            in_after=in_after, consumers=consumers, in_wait_for=waits,
+            ops=tuple(names[o].name for o in recomputed[j].ops) if kind == "recompute"
+            else ()))
     resident = tuple(cg.buf_names[b] for b in prog.resident if cg.buf_persistent[b])
     return tuple(swaps), resident
 
@@ -215,8 +258,14 @@ def from_plan(cg: CompiledGraph, schedule, swaps, resident_parameters) -> Progra
                                s.kind not in ("drop", "recompute")))
             op_waits += [(where(o, f"swap {s.id!r}"), len(outs) - 1) for o in s.out_before]
             if s.kind == "recompute":
+                ids = {op.name: k for k, op in enumerate(cg.graph.ops)}
+                unknown = [o for o in s.ops if o not in ids]
+                if unknown:
+                    raise ValueError(f"swap {s.id!r}: recomputes op {unknown[0]!r}, which is not "
+                                     "in the graph")
                 recs.append(RecomputeRec(b, len(outs) - 1,
-                                         min(where(c, f"swap {s.id!r}") for c in s.consumers)))
+                                         min(where(c, f"swap {s.id!r}") for c in s.consumers),
+                                         tuple(ids[o] for o in s.ops)))
     for s in swaps:
         if s.kind in ("round_trip", "prefetch"):
             b = tbuf[s.tensor]
@@ -224,4 +273,4 @@ def from_plan(cg: CompiledGraph, schedule, swaps, resident_parameters) -> Progra
             trigger = where(s.in_after, f"swap {s.id!r}") if s.in_after else START
             ins.append(InRec(b, trigger, tuple(out_of_swap[w] for w in s.in_wait_for),
                              out_of_swap[s.id] if s.kind == "round_trip" else -1, need))
-    return canonical(order, resident, outs, ins, op_waits, recs)
+    return inputs_back(cg, canonical(order, resident, outs, ins, op_waits, recs))

@@ -64,7 +64,7 @@ from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.plan import Allocation, Plan
-from tfswap.core.program import Program, buffer_classes, from_plan
+from tfswap.core.program import Program, buffer_classes, from_plan, recompute_ops
 
 
 class PlanError(RuntimeError):
@@ -224,13 +224,10 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
             drops_of[o.out_after].append(j)
     d2h_list = [j for j, o in enumerate(outs) if o.copy]
     recs_of = [[] for _ in range(n)]
-    producer = {}
-    if prog.recomputes:
-        for op in range(cg.n_ops):
-            for b in op_out[out_ptr[op]:out_ptr[op + 1]]:
-                producer[b] = op
-        for r in prog.recomputes:
-            recs_of[r.need].append(r)
+    chain = {}
+    for r in prog.recomputes:
+        recs_of[r.need].append(r)
+        chain[r.buf] = recompute_ops(cg, r)
     recompute_s = 0.0
     last = [-1] * cg.n_buffers
     for k in range(n):
@@ -285,21 +282,22 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
             return False
         extra = 0.0
         for r in recs_of[kc]:
-            p = producer[r.buf]
-            for b in op_in[in_ptr[p]:in_ptr[p + 1]]:
-                if not arrived.get(b, False):
-                    raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} before op "
-                                    f"{cg.graph.ops[order[kc]].name!r} reads "
-                                    f"{cg.buf_names[b]!r}, which is not on the device")
+            for p in chain[r.buf]:
+                for b in op_in[in_ptr[p]:in_ptr[p + 1]]:
+                    if b != r.buf and not arrived.get(b, False):
+                        raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} before op "
+                                        f"{cg.graph.ops[order[kc]].name!r} reads "
+                                        f"{cg.buf_names[b]!r}, which is not on the device")
             if r.buf in arrived:
                 raise PlanError(f"recompute of {cg.buf_names[r.buf]!r} while it is "
                                 "still on the device")
             take(r.buf, t)
             arrived[r.buf] = True
-            if record:
-                ev.append(SimEvent("compute", "recompute:" + cg.graph.ops[p].name,
-                                   t + extra, t + extra + float(cg.op_time[p])))
-            extra += float(cg.op_time[p])
+            for p in chain[r.buf]:
+                if record:
+                    ev.append(SimEvent("compute", "recompute:" + cg.graph.ops[p].name,
+                                       t + extra, t + extra + float(cg.op_time[p])))
+                extra += float(cg.op_time[p])
         recompute_s += extra
         for b in reads[kc]:
             if not arrived.get(b, False):

@@ -55,6 +55,7 @@ from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.profile import Profile
 from tfswap.tf import grappler
 from tfswap.tf.capture import CapturedFunction, same_device
+from tfswap.tf.recomputable import refusal
 from tfswap.tf.shapes import import_with_shapes
 
 _UNSWAPPABLE = (tf.resource, tf.variant, tf.string)
@@ -164,6 +165,8 @@ class LoweredGraph:
     ``host_ops``: ops computing on the host (:mod:`tfswap.tf.host_side`:
     gathers of a host table's rows, optimizer updates) -> bytes they read and
     write there, which prices them on a host slower than the device.
+    ``recomputable``: IR ops that may run a second time
+    (:func:`tfswap.tf.recomputable.refusal` finds no reason against).
     ``variable_bytes``: bytes of the captured variables homed on the device.  ``unprofiled``: IR
     ops the profile had no figures for, so time 0: the feeds, nodes TF folded
     to constants before running, and nodes its oneDNN rewrite merged into a
@@ -183,6 +186,7 @@ class LoweredGraph:
     assigned: tuple[str, ...] = ()                 # tensors AssignVariableOp makes a variable
     writebacks: dict = field(default_factory=dict)  # host variable's update -> bytes it reads
     host_ops: dict = field(default_factory=dict)    # op computing on the host -> bytes it touches
+    recomputable: frozenset = frozenset()           # ops that may run again (tf.recomputable)
 
     @property
     def folded(self) -> dict:
@@ -659,6 +663,7 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
     else:
         node_map = {op.name: op.name for op in graph.ops}
     pruned = tuple(n.name for n in captured.graph_def.node if n.name not in needed)
+    nodes_by_name = {n.name: n for n in captured.graph_def.node}
     variable_bytes = sum(int(np.prod(c.variable.shape)) * c.variable.dtype.size
                          for c in captured.captures if c.variable is not None
                          and not c.host_homed)
@@ -672,4 +677,6 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
         assigned=tuple(t for t in assigned if node_map.get(t.rpartition(":")[0]) ==
                        t.rpartition(":")[0]),
         writebacks={o: b for o, b in writebacks.items() if node_map.get(o) == o},
-        host_ops={o: b for o, b in host_ops.items() if node_map.get(o) == o})
+        host_ops={o: b for o, b in host_ops.items() if node_map.get(o) == o},
+        recomputable=frozenset(op.name for op in graph.ops
+                               if not refusal(nodes_by_name[op.name], tf_graph, captured.device)))

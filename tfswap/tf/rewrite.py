@@ -366,6 +366,55 @@ def _check_host_reads(graph_def, nodes: dict, host_values, device: str) -> None:
             "(plan with tfswap.optimize, or add a prefetch swap for it)")
 
 
+def _recompute(graph_def, nodes: dict, swap, k: int, position: dict, reference,
+               trigger, device: str) -> list[str]:
+    """Add the copies of the ops that make ``swap.tensor`` again (``swap.ops``, or
+    its producer), in order, the first run after the op the schedule puts just
+    before the first consumer; their names."""
+    from tfswap.tf.recomputable import refusal
+
+    producer, _ = split_tensor_name(swap.tensor)
+    ops = swap.ops or (producer,)
+    if ops[-1] != producer:
+        raise RewriteError(f"swap {swap.id!r}: its last op {ops[-1]!r} does not make "
+                           f"{swap.tensor}")
+    for op in ops:
+        if op not in nodes:
+            raise RewriteError(f"swap {swap.id!r}: op {op!r} is not in the graph")
+        why = refusal(nodes[op], reference, device)
+        if why:
+            raise RewriteError(f"swap {swap.id!r}: {op!r} cannot be recomputed: {why}; "
+                               "swap its output instead")
+    for consumer in swap.consumers:
+        if consumer not in nodes or consumer not in position:
+            raise RewriteError(f"swap {swap.id!r}: consumer {consumer!r} is not a scheduled op")
+        if not _reads(nodes, nodes[consumer], split_tensor_name(swap.tensor)):
+            raise RewriteError(f"swap {swap.id!r}: {consumer!r} does not read {swap.tensor} "
+                               "(or a view of it)")
+    first = min(position[c] for c in swap.consumers)
+    if position.get(swap.out_after, -1) >= first:
+        raise RewriteError(f"swap {swap.id!r}: the copy is dropped after {swap.out_after!r}, "
+                           "not before the consumers that read it recomputed")
+    before = [op for op, at in position.items() if at == first - 1]
+    made: dict[str, str] = {}
+    for j, op in enumerate(ops):
+        name = f"{SWAP_SCOPE}/recompute_{k}" + (f"_{j}" if j < len(ops) - 1 else "")
+        clone = graph_def.node.add()
+        clone.CopyFrom(nodes[op])
+        clone.name = name
+        del clone.input[:]
+        for raw in nodes[op].input:
+            if raw.startswith("^"):
+                continue
+            source, index = split_tensor_name(raw)
+            clone.input.append(_input_ref(made[source], index) if source in made else raw)
+        if j == 0 and before and _orders(nodes, trigger(before[0])):
+            clone.input.append("^" + trigger(before[0]))
+        nodes[name] = clone
+        made[op] = name
+    return [made[op] for op in ops]
+
+
 def _check_link(value) -> float | None:
     if value is None:
         return None
@@ -519,13 +568,22 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
         return position.get(swap.out_after, -1)
 
     in_step_order = sorted(enumerate(plan.swaps), key=lambda e: at(e[1]))
+    recomputed = []   # (k, swap, clone name): their inputs are pointed at after the loop
     for k, swap in in_step_order:
-        if swap.kind == "recompute":
-            raise RewriteError(
-                f"swap {swap.id!r} recomputes {swap.tensor!r}; this rewrite cannot re-run ops "
-                "yet (recomputation exists in the simulator for the Capuchin-style baseline "
-                "only), so plan with tfswap.optimize or a swap-only policy")
         producer, index = split_tensor_name(swap.tensor)
+        if swap.kind == "recompute":
+            clones = _recompute(graph_def, nodes, swap, k, position, reference, trigger,
+                                device)
+            held = copies.setdefault((producer, index), [(producer, index)])
+            for consumer in swap.consumers:
+                for copy in held:
+                    _repoint(graph_def, nodes, nodes[consumer], copy,
+                             _input_ref(clones[-1], index), k)
+            held.append((clones[-1], index))
+            recomputed.append((k, swap, clones))
+            swap_out_name[swap.id] = trigger(swap.out_after)
+            swap_nodes.append((k, SwapNodes(swap.id, swap.tensor, "", clones[-1])))
+            continue
         if swap.kind != "round_trip" and (producer, index) not in host_values:
             raise RewriteError(
                 f"swap {swap.id!r} is a {swap.kind} of {swap.tensor}, which is not a read of a "
@@ -598,6 +656,23 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
                 _repoint(graph_def, nodes, nodes[consumer], copy, in_name, k)
         held.append((in_name, 0))
         came_back[(producer, index)] = swap.in_after
+
+    # A recomputation reads each input where the plan has it then: after the
+    # input's latest swap-out before it, the copy that swap brings back (the
+    # plan brings it back for the recomputation: core.program.inputs_back),
+    # else the original.
+    leaves: dict[tuple[str, int], list[tuple[int, str]]] = {}
+    for swap in plan.swaps:
+        if swap.kind == "round_trip" and swap.id in swap_in_node:
+            leaves.setdefault(split_tensor_name(swap.tensor), []).append(
+                (position[swap.out_after], swap_in_node[swap.id].name))
+    for k, swap, clones in recomputed:
+        need = min(position[c] for c in swap.consumers)
+        for source, left in leaves.items():
+            gone = [name for at_, name in sorted(left) if at_ < need]
+            for clone in clones:
+                if gone and _reads(nodes, nodes[clone], source):
+                    _repoint(graph_def, nodes, nodes[clone], source, gone[-1], k)
 
     if ordered_copies:   # each direction's copies one after the other, in stream order
         by_id = {sw.id: (k, sw) for k, sw in enumerate(plan.swaps)}

@@ -35,7 +35,7 @@ def tensor_swaps(plan: Plan, graph: DataflowGraph) -> Plan:
     groups = liveness.buffers(graph)
     swaps, parts_of = [], {}
     for swap in plan.swaps:
-        if swap.kind != "round_trip":
+        if swap.kind not in ("round_trip", "recompute"):
             swaps.append(swap)
             continue
         members = {graph.tensors[m].name for m in groups[liveness.buffer_root(graph, swap.tensor)]}
@@ -51,6 +51,12 @@ def tensor_swaps(plan: Plan, graph: DataflowGraph) -> Plan:
         if not readers:
             raise RuntimeError(f"swap {swap.id!r}: no consumer after the gap reads a value its "
                                "buffer held before the swap-out; this is a tfswap bug")
+        if swap.kind == "recompute":   # its ops make the one value its readers read
+            if len(readers) > 1:
+                raise RuntimeError(f"recompute {swap.id!r}: its readers read several values of "
+                                   "the buffer; this is a tfswap bug")
+            swaps.append(dataclasses.replace(swap, tensor=next(iter(readers))))
+            continue
         split = len(readers) > 1
         values = sorted(readers, key=lambda v: (_produced_at(graph, v, position),
                                                 graph.tensor_id(v)))

@@ -1,0 +1,160 @@
+"""Recomputation in a plan: a tensor computed again instead of moved (after Capuchin §4).
+
+A round trip costs the link both ways.  Where the step waits for the link,
+running the tensor's producer again right before the reader that needs it
+can cost less.  :func:`with_recomputes` takes a planner's plan and turns
+round trips into recomputations one at a time, the largest saving estimated
+first (the copy time both ways less the producer's time), keeping each one
+the simulator says makes the step faster while the plan's pool still holds
+it: the device copy is dropped after the op the swap-out followed, and the
+producer runs again on the compute stream right before the first reader of
+what the swap-in brought back.
+
+What may be recomputed is the problem's to say (``Problem.recomputable``:
+the framework adapter names the ops that compute the same value when run
+again on the same inputs).  A recomputed op reads its inputs where the plan
+has them at that point: an input swapped out before and brought back only
+later is brought back for the recomputation instead
+(:func:`tfswap.core.program.inputs_back`), and one that is gone makes the
+candidate fail (the simulator checks).  A value written in place by several
+ops (a normalization's multiply and add, then a ReLU, all in one buffer) is
+made again by all of them, in order; a chain through other buffers
+(recomputing an input too) is not made.  The ops must make no other pool
+buffer and no scratch worth planning.
+
+Example::
+
+    hybrid = with_recomputes(problem, plan, spec, budget_bytes)
+    [s for s in hybrid.swaps if s.kind == "recompute"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tfswap.core import layout
+from tfswap.core.devices import DeviceSpec
+from tfswap.core.plan import Plan, Prediction
+from tfswap.core.problem import Problem
+from tfswap.core.program import (OutRec, RecomputeRec, buffer_classes, canonical, from_plan,
+                                 inputs_back, to_plan_swaps)
+from tfswap.core.simulator import PlanError, run_program
+
+# Round trips tried per plan, the largest estimated saving first: each try is
+# one simulation (Python), and the estimate ranks well enough that later ones
+# rarely pay.
+MAX_TRIALS = 64
+
+
+def _chain(cg, prog, r, position_of_op) -> tuple[int, ...] | None:
+    """The ops that make, in order, the value the readers after swap-in ``r`` read
+    of its buffer: the buffer's producer, then each op that wrote it in place
+    (or viewed it) before that value; None where those readers read more than
+    one value of the buffer, or an op of the chain makes another pool buffer."""
+    graph, b = cg.graph, r.buf
+    members = [i for i in range(len(graph.tensors)) if int(cg.tensor_buffer[i]) == b]
+    made_at = {i: position_of_op[graph.tensors[i].producer] for i in members}
+    names = {graph.tensors[i].name: i for i in members}
+    after = [o.out_after for o in prog.outs if o.buf == b and o.out_after >= r.need]
+    end = min(after) if after else len(prog.order)
+    read = set()
+    for k in range(r.need, end + 1 if after else end):
+        for name in graph.ops[prog.order[k]].inputs:
+            i = names.get(name)
+            if i is not None and made_at[i] < r.need:
+                read.add(i)
+    if len(read) != 1:
+        return None
+    last = made_at[next(iter(read))]
+    ops = sorted({graph.tensors[i].producer for i in members if made_at[i] <= last},
+                 key=lambda op: position_of_op[op])
+    scratch_free = max(cg.small_threshold_bytes, 1)
+    for op in ops:
+        made = [int(x) for x in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]]
+        if any(x != b and not cg.buf_names[x].endswith(":scratch") for x in made) \
+                or graph.ops[op].scratch_bytes >= scratch_free:
+            return None
+    return tuple(ops)
+
+
+def candidates(problem: Problem, prog, spec: DeviceSpec) -> list[tuple[float, int, tuple]]:
+    """(estimated saving in seconds, index into ``prog.ins``, the ops to run again)
+    of every round trip whose value can be made again, the largest saving first."""
+    cg = problem.compiled
+    allowed = problem.recomputable
+    position_of_op = {op: k for k, op in enumerate(prog.order)}
+    found = []
+    for i, r in enumerate(prog.ins):
+        if r.own_out < 0 or not prog.outs[r.own_out].copy or cg.buf_persistent[r.buf]:
+            continue
+        ops = _chain(cg, prog, r, position_of_op)
+        if not ops or any(cg.graph.ops[op].name not in allowed for op in ops):
+            continue
+        nbytes = int(cg.buf_bytes[r.buf])
+        saving = spec.copy_time_s(nbytes, "d2h") + spec.copy_time_s(nbytes, "h2d") \
+            - sum(float(cg.op_time[op]) for op in ops)
+        if saving > 0:
+            found.append((saving, i, ops))
+    return sorted(found, key=lambda e: (-e[0], e[1]))
+
+
+def _recomputed(cg, prog, chosen: dict):
+    """``prog`` with the round trips ``chosen`` (index into ``prog.ins`` -> the ops
+    to run again) made recomputations: their swap-outs become drops, their
+    swap-ins go."""
+    dropped = {prog.ins[i].own_out for i in chosen}
+    outs = [OutRec(o.buf, o.out_after, False) if j in dropped else o
+            for j, o in enumerate(prog.outs)]
+    ins = [r for i, r in enumerate(prog.ins) if i not in chosen]
+    recs = list(prog.recomputes) + [RecomputeRec(prog.ins[i].buf, prog.ins[i].own_out,
+                                                 prog.ins[i].need, ops)
+                                    for i, ops in chosen.items()]
+    return inputs_back(cg, canonical(prog.order, prog.resident, outs, ins, prog.op_waits, recs))
+
+
+def with_recomputes(problem: Problem, plan: Plan, spec: DeviceSpec, budget_bytes: int, *,
+                    max_trials: int = MAX_TRIALS) -> Plan:
+    """``plan`` with the round trips that are cheaper to compute again made
+    recomputations (see the module doc); ``plan`` itself where none is.
+
+    ``budget_bytes``: what the plan's pool may take; a shared pool is laid out
+    again for the new busy times and the change is dropped if it grows past it.
+    """
+    if not problem.recomputable or plan.allocation is None or not plan.swaps:
+        return plan
+    cg = problem.compiled
+    prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
+    found = candidates(problem, prog, spec)[:max_trials]
+    if not found:
+        return plan
+    best = run_program(cg, prog, plan.allocation, spec)
+    chosen: dict = {}
+    for _, i, ops in found:
+        trial = _recomputed(cg, prog, {**chosen, i: ops})
+        try:
+            result = run_program(cg, trial, plan.allocation, spec)
+        except PlanError:   # an input away at that point, or no free object then
+            continue
+        if result.step_time_s < best.step_time_s:
+            chosen[i] = ops
+            best = result
+    if not chosen:
+        return plan
+    final = _recomputed(cg, prog, chosen)
+    allocation = plan.allocation
+    if allocation.shared:
+        result = run_program(cg, final, allocation, spec, events=True)
+        allocation = layout.shared_layout(result, allocation)
+        if allocation.total_bytes > budget_bytes:
+            return plan
+        buffer_classes(cg, allocation)   # the classes still hold every buffer
+        best = run_program(cg, final, allocation, spec)
+    swaps, resident = to_plan_swaps(cg, final)
+    return dataclasses.replace(
+        plan, swaps=swaps, resident_parameters=resident, allocation=allocation,
+        prediction=Prediction(peak_bytes=best.peak_bytes, step_time_s=best.step_time_s,
+                              ideal_time_s=best.ideal_time_s, swap_out_bytes=best.d2h_bytes,
+                              swap_in_bytes=best.h2d_bytes))
+
+
+__all__ = ["MAX_TRIALS", "candidates", "with_recomputes"]

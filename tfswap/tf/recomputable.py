@@ -1,0 +1,81 @@
+"""Which ops of a captured step may run twice: the recomputation half of a hybrid plan.
+
+A recomputed op is a copy of the original (same op, attributes and device)
+reading the same tensors (:func:`tfswap.tf.rewrite.rewrite` points it at the
+copies the plan has on the device then), so it computes the same value when
+its result depends on nothing but those tensors.  That rules out, always:
+
+* stateful ops (TensorFlow's own flag): random ops with a stream of their own
+  (``RandomUniform``, dropout's legacy ops), queues, prints, variable writes;
+* ops on a resource (a variable read: re-reading after the step assigned the
+  variable gives the new value, the reason Keras 3 dropout's seed, read from
+  its ``SeedGenerator`` state, is never read again: the stateless random op
+  reading the seed tensor may be copied, the read may not);
+* functional ops (loops, branches, calls), whose bodies tfswap does not see;
+* ops placed off the device, and tfswap's own swap ops.
+
+Beyond those, only the op types of :data:`CHEAP` are offered to the planner:
+elementwise activations and arithmetic, normalizations, softmax and cheap
+data movement, what Capuchin and checkpointing recompute because it costs
+little against moving its output.  Not convolutions and matrix products
+(their recomputation rarely pays, and TensorFlow's oneDNN pass merges them
+with neighbours when it instantiates the step, which an extra reader would
+change), and not ``BiasAdd`` or ``Pad`` (merged into their convolution the
+same way).
+
+Example::
+
+    names = recomputable_ops(captured)       # op names the planner may recompute
+    refusal(node, graph)                      # "" or why a node may not be
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfswap.tf.capture import CapturedFunction, same_device
+
+CHEAP = frozenset({
+    "Relu", "Relu6", "Elu", "Selu", "Gelu", "Sigmoid", "Tanh", "Softplus", "Softsign",
+    "LeakyRelu", "Erf", "Exp", "Log", "Neg", "Abs", "Square", "Sqrt", "Rsqrt", "Reciprocal",
+    "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum",
+    "SquaredDifference", "Cast", "Select", "SelectV2", "Mean", "Softmax", "LogSoftmax",
+    "FusedBatchNormV3", "FusedBatchNorm", "_FusedBatchNormEx", "Transpose", "ConcatV2",
+    "Tile", "AddN", "MaxPool", "AvgPool"})
+FUNCTIONAL = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
+                        "PartitionedCall", "StatefulPartitionedCall"})
+
+
+def refusal(node, graph: tf.Graph, device: str = "") -> str:
+    """Why ``node`` (a GraphDef node of ``graph``'s step) may not be recomputed,
+    or "" if it may."""
+    if node.op in ("SwapIn", "SwapOut"):
+        return "it is one of tfswap's swap ops"
+    if node.op in FUNCTIONAL:
+        return f"it is a {node.op} (a body tfswap does not see)"
+    try:
+        op = graph.get_operation_by_name(node.name)
+    except KeyError:
+        return "it is not an op of the captured step"
+    if op.op_def.is_stateful:
+        return f"{node.op} is stateful (it would not compute the same value again)"
+    if any(t.dtype == tf.resource for t in op.inputs):
+        return f"{node.op} reads a variable (the step may have written it since)"
+    if device and node.device and not same_device(node.device, device):
+        return f"it runs on {node.device}, not on the device"
+    if node.op not in CHEAP:
+        return f"{node.op} is not among the ops offered for recomputation (CHEAP)"
+    return ""
+
+
+def recomputable_ops(captured: CapturedFunction, graph: tf.Graph | None = None) -> frozenset:
+    """The names of the ops of ``captured`` that may be recomputed (:func:`refusal`)."""
+    if graph is None:
+        from tfswap.tf.shapes import import_with_shapes
+
+        graph = import_with_shapes(captured, captured.graph_def)
+    return frozenset(node.name for node in captured.graph_def.node
+                     if not refusal(node, graph, captured.device))
+
+
+__all__ = ["CHEAP", "recomputable_ops", "refusal"]
