@@ -1,0 +1,92 @@
+"""Recomputation in a plan (tfswap.core.recompute): round trips made recomputations
+where the simulator says the step gets faster, and what a plan records of them."""
+
+import dataclasses
+
+import pytest
+
+from research.synthetic import layered_training_step
+from tfswap.core import planners
+from tfswap.core.devices import device_spec
+from tfswap.core.plan import Plan, Swap
+from tfswap.core.problem import Problem
+from tfswap.core.program import from_plan, recompute_ops
+from tfswap.core.recompute import candidates, with_recomputes
+from tfswap.core.simulator import run_program, simulate
+
+# A V100 whose link moves 200 MB/s: copies cost far more than elementwise ops.
+SLOW = dataclasses.replace(device_spec("v100-16g-pcie3"), h2d_bytes_per_s=200e6,
+                           d2h_bytes_per_s=200e6, duplex_bytes_per_s=400e6)
+
+
+@pytest.fixture(scope="module")
+def swapped():
+    graph = layered_training_step(400, seed=3)
+    problem = Problem.of(graph, recomputable=[op.name for op in graph.ops])
+    budget = int(0.45 * planners.run("tfswap.order", problem, 1 << 62, SLOW).plan
+                 .prediction.peak_bytes)
+    plan = planners.run("tfswap.order", problem, budget, SLOW).plan
+    assert any(s.kind == "round_trip" for s in plan.swaps)
+    return problem, plan, budget
+
+
+def test_round_trips_cheaper_to_compute_again_become_recomputations(swapped):
+    problem, plan, budget = swapped
+    hybrid = with_recomputes(problem, plan, SLOW, budget)
+    recomputed = [s for s in hybrid.swaps if s.kind == "recompute"]
+    assert recomputed and all(s.ops for s in recomputed)
+    assert hybrid.prediction.step_time_s < plan.prediction.step_time_s
+    assert hybrid.prediction.swap_in_bytes < plan.prediction.swap_in_bytes
+    # What the plan says is what the simulator gives for it, within the budget.
+    again = simulate(problem.graph, hybrid, SLOW, keep=problem.keep, compiled=problem.compiled)
+    assert again.step_time_s == pytest.approx(hybrid.prediction.step_time_s)
+    assert again.peak_bytes <= budget
+
+
+def test_a_saved_hybrid_plan_gives_the_same_program(swapped, tmp_path):
+    problem, plan, budget = swapped
+    hybrid = with_recomputes(problem, plan, SLOW, budget)
+    path = tmp_path / "hybrid.plan.json"
+    hybrid.save(path)
+    loaded = Plan.load(path)
+    assert loaded == hybrid
+    cg = problem.compiled
+    a = from_plan(cg, hybrid.schedule, hybrid.swaps, hybrid.resident_parameters)
+    b = from_plan(cg, loaded.schedule, loaded.swaps, loaded.resident_parameters)
+    assert a == b and a.recomputes
+    for rec in a.recomputes:
+        assert rec.ops == recompute_ops(cg, rec)
+    assert run_program(cg, a, hybrid.allocation, SLOW).step_time_s == \
+        pytest.approx(hybrid.prediction.step_time_s)
+
+
+def test_nothing_changes_where_nothing_may_be_recomputed_or_nothing_pays(swapped):
+    problem, plan, budget = swapped
+    swaps_only = Problem.of(problem.graph, keep=problem.keep, schedule=problem.schedule)
+    assert with_recomputes(swaps_only, plan, SLOW, budget) is plan
+    fast_link = device_spec("v100-16g-pcie3")   # 12 GB/s: a copy costs less than most ops
+    cg = problem.compiled
+    prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
+    slow_gain = {i: g for g, i, _ in candidates(problem, prog, SLOW)}
+    for gain, i, _ in candidates(problem, prog, fast_link):
+        assert gain < slow_gain[i]
+
+
+def test_the_published_swapadvisor_never_recomputes(swapped):
+    problem, _, budget = swapped
+    from tfswap.core.search import SearchConfig
+
+    config = SearchConfig(time_budget_s=None, max_generations=1, seed=0, workers=1)
+    published = planners.run("swapadvisor", problem, budget, SLOW, config=config).plan
+    assert not any(s.kind == "recompute" for s in published.swaps)
+
+
+def test_ops_belong_to_recomputations_only():
+    with pytest.raises(ValueError, match="only a recompute runs ops again"):
+        Swap("a:0", out_after="x", in_after="", consumers=("y",), ops=("a",))
+
+
+def test_recomputable_must_name_ops_of_the_graph(swapped):
+    problem, _, _ = swapped
+    with pytest.raises(ValueError, match="recomputable names ops that are not in the graph"):
+        Problem.of(problem.graph, recomputable=["no such op"])

@@ -1,0 +1,90 @@
+"""Hybrid plans on the emulated device: recomputation executed by the rewrite (issue #30).
+
+Every check compares against the unmodified function: the same model built
+again from the same seed, trained by its own ``tf.function``.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfswap
+from tfswap import zoo
+from tfswap.core.devices import cpu_emulated
+from tfswap.core.plan import Plan, Swap
+from tfswap.tf import capture, emulate, recomputable, rewrite
+from tests.tf.test_homes import assert_trains_like_the_unmodified_step, device_peak
+
+# A link of 50 MB/s each way: moving an activation costs far more than
+# computing it again, as on a GPU whose compute outruns its host link.
+LINK = 50e6
+
+
+def test_a_hybrid_plan_recomputes_activations_within_budget_and_trains_exactly():
+    reference = zoo.cnn(batch=16, blocks=8)
+    budget = int(0.6 * device_peak(reference))
+    plans = {}
+    for recompute in (False, True):
+        step = zoo.cnn(batch=16, blocks=8)
+        fast = tfswap.optimize(step.concrete_fn, budget, generations=2, workers=1,
+                               inputs=step.batch, parameters="device", recompute=recompute,
+                               device_spec=cpu_emulated(link_bytes_per_s=LINK))
+        assert fast.measured_peak_bytes <= budget
+        plans[recompute] = fast.plan
+        if recompute:
+            assert_trains_like_the_unmodified_step(reference, step, fast)
+    recomputed = [s for s in plans[True].swaps if s.kind == "recompute"]
+    assert recomputed and not any(s.kind == "recompute" for s in plans[False].swaps)
+    # What is recomputed is the cheap part of a block: BN's multiply and add, the ReLU.
+    kinds = {op.rpartition("/")[2] for s in recomputed for op in s.ops}
+    assert kinds <= {"mul_1", "add_1", "Relu"}, kinds
+    assert plans[True].prediction.step_time_s < plans[False].prediction.step_time_s
+
+
+def _captured_with_state():
+    import keras
+
+    w = tf.Variable(tf.ones([4, 4]))
+    dropout = keras.layers.Dropout(0.5, seed=1)   # Keras 3: a seed read from its state
+
+    @tf.function
+    def step(x):
+        h = tf.nn.relu(tf.matmul(x, w))
+        noisy = h * tf.random.uniform(tf.shape(h))          # a stateful random op
+        dropped = dropout(h, training=True)                  # a stateless one
+        w.assign_add(tf.reduce_mean(noisy + dropped) * tf.ones([4, 4]))
+        return tf.reduce_sum(w.read_value() * 2.0)
+
+    return (w, dropout), capture.capture(step.get_concrete_function(tf.TensorSpec([2, 4])))
+
+
+def test_ops_that_would_compute_something_else_are_never_offered():
+    _, captured = _captured_with_state()
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(captured.graph_def, name="")
+    offered = recomputable.recomputable_ops(captured, graph)
+    by_type = {}
+    for node in captured.graph_def.node:
+        by_type.setdefault(node.op, []).append(node)
+    for kind, why in (("RandomUniform", "stateful"), ("ReadVariableOp", "stateful|variable"),
+                      ("MatMul", "not among the ops offered")):
+        for node in by_type.get(kind, []):
+            assert node.name not in offered
+            assert recomputable.refusal(node, graph) != ""
+            assert any(w in recomputable.refusal(node, graph) for w in why.split("|"))
+    random = [n for n in captured.graph_def.node if "Random" in n.op]
+    assert random and not {n.name for n in random} & offered
+    assert any(n.op == "Relu" and n.name in offered for n in captured.graph_def.node)
+
+
+@pytest.mark.parametrize("kind", ["ReadVariableOp", "RandomUniform"])
+def test_the_rewrite_refuses_to_recompute_a_read_or_a_random_op(kind):
+    _, captured = _captured_with_state()
+    node = next(n for n in captured.graph_def.node if n.op == kind)
+    reader = next(n.name for n in captured.graph_def.node
+                  if node.name in [i.partition(":")[0] for i in n.input])
+    plan = Plan(schedule=(), swaps=(Swap(f"{node.name}:0", out_after=reader, in_after="",
+                                         consumers=(reader,), kind="recompute"),))
+    with pytest.raises(rewrite.RewriteError, match="cannot be recomputed"):
+        rewrite.rewrite(captured, plan, emulate.DEVICE, emulate.HOST)
