@@ -55,7 +55,8 @@ def tensor_swaps(plan: Plan, graph: DataflowGraph) -> Plan:
             if len(readers) > 1:
                 raise RuntimeError(f"recompute {swap.id!r}: its readers read several values of "
                                    "the buffer; this is a tfswap bug")
-            swaps.append(dataclasses.replace(swap, tensor=next(iter(readers))))
+            value = next(iter(readers))
+            swaps.append(dataclasses.replace(swap, tensor=value, consumers=tuple(readers[value])))
             continue
         split = len(readers) > 1
         values = sorted(readers, key=lambda v: (_produced_at(graph, v, position),
