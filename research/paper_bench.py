@@ -36,7 +36,9 @@ TFSWAP = "tfswap"
 # SwapAdvisor as published.  tfswap's own column lets objects share memory and
 # also tries the byte-cap planner (SearchConfig.byte_planner).
 SWAPADVISOR = "swapadvisor"
-SEARCHES = (SWAPADVISOR, TFSWAP)   # registry planners that take a SearchConfig
+# tfswap's search without recomputation, the hybrid's swap-only column.
+TFSWAP_SWAPS = "tfswap.swaps"
+SEARCHES = (SWAPADVISOR, TFSWAP_SWAPS, TFSWAP)   # registry planners that take a SearchConfig
 UNSUPPORTED = "unsupported: "      # Outcome.note of a planner that cannot express the problem
 POLICIES = planners.BASELINE_NAMES + SEARCHES
 

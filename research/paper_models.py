@@ -48,7 +48,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-CACHE_VERSION = 2   # 2: the Problem optimize plans (pinned parameters, TF order, threshold)
+CACHE_VERSION = 3   # 2: the Problem optimize plans (pinned parameters, TF order, threshold);
+                    # 3: and the ops it may recompute
 STEPS = 32          # unrolled time steps of the LSTM stacks
 SEQ = 512           # BERT-base sequence length
 _ALIVE: list = []
@@ -222,7 +223,8 @@ def concrete_function(name: str, batch: int):
 def build_lowered(name: str, batch: int, spec: str):
     """Capture, price and lower model ``name`` in this process, as ``optimize`` lowers a
     step (:func:`tfswap.pipeline.lower_default`): the arguments of its
-    :class:`~tfswap.core.problem.Problem` (graph, keep, schedule, small threshold)."""
+    :class:`~tfswap.core.problem.Problem` (graph, keep, schedule, small threshold,
+    where parameters start, the ops it may recompute)."""
     from tfswap import pipeline
     from tfswap.core.devices import device_spec
     from tfswap.tf import capture, profile
@@ -231,7 +233,7 @@ def build_lowered(name: str, batch: int, spec: str):
     dev = device_spec(spec)
     problem = pipeline.lower_default(captured, profile.analytic(captured, dev), dev).problem
     return (problem.graph, problem.keep, problem.schedule, problem.small_threshold_bytes,
-            problem.params_start_on_host)
+            problem.params_start_on_host, tuple(sorted(problem.recomputable)))
 
 
 def _cache_path(cache_dir: Path, name: str, batch: int, spec: str) -> Path:
@@ -263,9 +265,9 @@ def lowered(name: str, batch: int, spec: str = "v100-16g-pcie3",
     from tfswap.core.problem import Problem
 
     with open(path, "rb") as f:
-        graph, keep, schedule, small, on_host = pickle.load(f)
+        graph, keep, schedule, small, on_host, recomputable = pickle.load(f)
     return Problem.of(graph, keep=keep, schedule=schedule, small_threshold_bytes=small,
-                      params_start_on_host=on_host)
+                      params_start_on_host=on_host, recomputable=recomputable)
 
 
 def _main(argv) -> int:

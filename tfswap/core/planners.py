@@ -151,6 +151,16 @@ def tfswap_search(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
                    config=dataclasses.replace(config, pool_layout="shared", byte_planner=True))
 
 
+@register("tfswap.swaps")
+def tfswap_swaps(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
+                 config: search.SearchConfig = search.SearchConfig()) -> PlanResult:
+    """The "tfswap" search, swaps only (no recomputation): its column beside the
+    hybrid's in the comparisons."""
+    return genetic(problem, budget_bytes, spec,
+                   config=dataclasses.replace(config, pool_layout="shared", byte_planner=True),
+                   recompute=False)
+
+
 @register("tfswap.order")
 def order(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
           recency_margin_s: float = 0.0) -> PlanResult:
