@@ -55,7 +55,7 @@ from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.profile import Profile
 from tfswap.tf import grappler
 from tfswap.tf.capture import CapturedFunction, same_device
-from tfswap.tf.recomputable import refusal
+from tfswap.tf.recomputable import merged, refusal
 from tfswap.tf.shapes import import_with_shapes
 
 _UNSWAPPABLE = (tf.resource, tf.variant, tf.string)
@@ -664,6 +664,7 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
         node_map = {op.name: op.name for op in graph.ops}
     pruned = tuple(n.name for n in captured.graph_def.node if n.name not in needed)
     nodes_by_name = {n.name: n for n in captured.graph_def.node}
+    merged_ops = merged(captured.graph_def)
     variable_bytes = sum(int(np.prod(c.variable.shape)) * c.variable.dtype.size
                          for c in captured.captures if c.variable is not None
                          and not c.host_homed)
@@ -678,5 +679,5 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
                        t.rpartition(":")[0]),
         writebacks={o: b for o, b in writebacks.items() if node_map.get(o) == o},
         host_ops={o: b for o, b in host_ops.items() if node_map.get(o) == o},
-        recomputable=frozenset(op.name for op in graph.ops
-                               if not refusal(nodes_by_name[op.name], tf_graph, captured.device)))
+        recomputable=frozenset(op.name for op in graph.ops if not refusal(
+            nodes_by_name[op.name], tf_graph, captured.device, merged_ops)))

@@ -14,14 +14,15 @@ its result depends on nothing but those tensors.  That rules out, always:
 * functional ops (loops, branches, calls), whose bodies tfswap does not see;
 * ops placed off the device, and tfswap's own swap ops.
 
-Beyond those, only the op types of :data:`CHEAP` are offered to the planner:
-elementwise activations and arithmetic, normalizations, softmax and cheap
-data movement, what Capuchin and checkpointing recompute because it costs
-little against moving its output.  Not convolutions and matrix products
-(their recomputation rarely pays, and TensorFlow's oneDNN pass merges them
-with neighbours when it instantiates the step, which an extra reader would
-change), and not ``BiasAdd`` or ``Pad`` (merged into their convolution the
-same way).
+Beyond those, only the op types of :data:`OFFERED` are offered to the
+planner: elementwise activations and arithmetic, normalizations, softmax,
+pooling, cheap data movement, and convolutions and matrix products (costly
+to run again, but on a GPU whose compute outruns its host link often
+cheaper than moving their output: the simulator decides).  Not ``BiasAdd``
+and ``Pad``, which TensorFlow's oneDNN pass merges into a neighbouring
+convolution when it instantiates the step on a CPU, nor a convolution that
+such a ``Pad`` merges into (``merged``): a second reader would stop the
+merge, and the step would compute differently.
 
 Example::
 
@@ -35,20 +36,30 @@ import tensorflow as tf
 
 from tfswap.tf.capture import CapturedFunction, same_device
 
-CHEAP = frozenset({
+OFFERED = frozenset({
     "Relu", "Relu6", "Elu", "Selu", "Gelu", "Sigmoid", "Tanh", "Softplus", "Softsign",
     "LeakyRelu", "Erf", "Exp", "Log", "Neg", "Abs", "Square", "Sqrt", "Rsqrt", "Reciprocal",
     "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum",
     "SquaredDifference", "Cast", "Select", "SelectV2", "Mean", "Softmax", "LogSoftmax",
     "FusedBatchNormV3", "FusedBatchNorm", "_FusedBatchNormEx", "Transpose", "ConcatV2",
-    "Tile", "AddN", "MaxPool", "AvgPool"})
+    "Tile", "AddN", "MaxPool", "AvgPool",
+    "Conv2D", "_FusedConv2D", "DepthwiseConv2dNative", "MatMul", "_FusedMatMul",
+    "BatchMatMulV2", "Einsum"})
 FUNCTIONAL = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
                         "PartitionedCall", "StatefulPartitionedCall"})
 
 
-def refusal(node, graph: tf.Graph, device: str = "") -> str:
+def merged(graph_def) -> frozenset:
+    """The ops TensorFlow's oneDNN pass merges with a neighbour at run time (a
+    convolution and the ``Pad`` it reads; :mod:`tfswap.tf.grappler`)."""
+    from tfswap.tf import grappler
+
+    return frozenset(name for pair in grappler.pads_into_convs(graph_def) for name in pair)
+
+
+def refusal(node, graph: tf.Graph, device: str = "", merged_ops: frozenset = frozenset()) -> str:
     """Why ``node`` (a GraphDef node of ``graph``'s step) may not be recomputed,
-    or "" if it may."""
+    or "" if it may; ``merged_ops``: :func:`merged` of the step."""
     if node.op in ("SwapIn", "SwapOut"):
         return "it is one of tfswap's swap ops"
     if node.op in FUNCTIONAL:
@@ -63,8 +74,10 @@ def refusal(node, graph: tf.Graph, device: str = "") -> str:
         return f"{node.op} reads a variable (the step may have written it since)"
     if device and node.device and not same_device(node.device, device):
         return f"it runs on {node.device}, not on the device"
-    if node.op not in CHEAP:
-        return f"{node.op} is not among the ops offered for recomputation (CHEAP)"
+    if node.name in merged_ops:
+        return f"TensorFlow merges it with a neighbour when it runs the step"
+    if node.op not in OFFERED:
+        return f"{node.op} is not among the ops offered for recomputation (OFFERED)"
     return ""
 
 
@@ -74,8 +87,9 @@ def recomputable_ops(captured: CapturedFunction, graph: tf.Graph | None = None) 
         from tfswap.tf.shapes import import_with_shapes
 
         graph = import_with_shapes(captured, captured.graph_def)
+    merged_ops = merged(captured.graph_def)
     return frozenset(node.name for node in captured.graph_def.node
-                     if not refusal(node, graph, captured.device))
+                     if not refusal(node, graph, captured.device, merged_ops))
 
 
-__all__ = ["CHEAP", "recomputable_ops", "refusal"]
+__all__ = ["OFFERED", "merged", "recomputable_ops", "refusal"]

@@ -371,8 +371,9 @@ def _recompute(graph_def, nodes: dict, swap, k: int, position: dict, reference,
     """Add the copies of the ops that make ``swap.tensor`` again (``swap.ops``, or
     its producer), in order, the first run after the op the schedule puts just
     before the first consumer; their names."""
-    from tfswap.tf.recomputable import refusal
+    from tfswap.tf.recomputable import merged, refusal
 
+    merged_ops = merged(graph_def)
     producer, _ = split_tensor_name(swap.tensor)
     ops = swap.ops or (producer,)
     if ops[-1] != producer:
@@ -381,7 +382,7 @@ def _recompute(graph_def, nodes: dict, swap, k: int, position: dict, reference,
     for op in ops:
         if op not in nodes:
             raise RewriteError(f"swap {swap.id!r}: op {op!r} is not in the graph")
-        why = refusal(nodes[op], reference, device)
+        why = refusal(nodes[op], reference, device, merged_ops)
         if why:
             raise RewriteError(f"swap {swap.id!r}: {op!r} cannot be recomputed: {why}; "
                                "swap its output instead")
