@@ -123,17 +123,14 @@ PRESETS: dict[str, DeviceSpec] = {
         memory_bandwidth_bytes_per_s=0.8 * 2000 * GB, h2d_bytes_per_s=50 * GB,
         d2h_bytes_per_s=50 * GB, duplex_bytes_per_s=80 * GB, launch_overhead_s=4e-6,
         host_memory_bandwidth_bytes_per_s=HOST_CPU_BYTES_PER_S),
-    # An H100 PCIe training in bf16 on its tensor cores: 756 TFLOP/s dense bf16
-    # (NVIDIA's H100 datasheet: 1,513 with 2:4 sparsity), the same HBM and PCIe 5
-    # link as above.  The graphs priced with it keep the step's own dtypes, so a
-    # float32 step's copies move twice what its bf16 version would: swapping is
-    # priced conservatively, recomputation not.
-    "h100-80g-pcie5-bf16": DeviceSpec(
-        name="h100-80g-pcie5-bf16", memory_bytes=80 * GiB, peak_flops=0.7 * 756.0e12,
-        memory_bandwidth_bytes_per_s=0.8 * 2000 * GB, h2d_bytes_per_s=50 * GB,
-        d2h_bytes_per_s=50 * GB, duplex_bytes_per_s=80 * GB, launch_overhead_s=4e-6,
-        host_memory_bandwidth_bytes_per_s=HOST_CPU_BYTES_PER_S),
 }
+# An H100 PCIe training in bf16 on its tensor cores: 756 TFLOP/s dense bf16
+# (NVIDIA's H100 datasheet: 1,513 with 2:4 sparsity), the same HBM and PCIe 5
+# link.  The graphs priced with it keep the step's own dtypes: a float32 step's
+# copies, and its memory-bound ops, move twice the bytes its bf16 version
+# would, while its matrix work runs at the bf16 rate.
+PRESETS["h100-80g-pcie5-bf16"] = replace(PRESETS["h100-80g-pcie5"], name="h100-80g-pcie5-bf16",
+                                         peak_flops=0.7 * 756.0e12)
 
 
 # GPU names as the CUDA driver reports them (TensorFlow's
