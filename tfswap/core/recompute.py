@@ -3,10 +3,11 @@
 A round trip costs the link both ways.  Where the step waits for the link,
 running the tensor's producer again right before the reader that needs it
 can cost less.  :func:`with_recomputes` takes a planner's plan and turns
-round trips into recomputations one at a time, the largest saving estimated
-first (the copy time both ways less the producer's time), keeping each one
-the simulator says makes the step faster while the plan's pool still holds
-it: the device copy is dropped after the op the swap-out followed, and the
+round trips into recomputations one at a time, keeping each one the
+simulator says makes the step faster while the plan's pool still holds it,
+in two orders and the faster result kept (the largest estimated saving
+first: the copy time both ways less the ops' time; and the most saving per
+second of recomputation first, Capuchin's ranking): the device copy is dropped after the op the swap-out followed, and the
 producer runs again on the compute stream right before the first reader of
 what the swap-in brought back.
 
@@ -40,9 +41,8 @@ from tfswap.core.program import (OutRec, RecomputeRec, buffer_classes, canonical
                                  inputs_back, to_plan_swaps)
 from tfswap.core.simulator import PlanError, run_program
 
-# Round trips tried per plan, the largest estimated saving first: each try is
-# one simulation (Python), and the estimate ranks well enough that later ones
-# rarely pay.
+# Round trips tried per plan and order: each try is one simulation (Python),
+# and the estimate ranks well enough that later ones rarely pay.
 MAX_TRIALS = 64
 
 
@@ -112,6 +112,22 @@ def _recomputed(cg, prog, chosen: dict):
     return inputs_back(cg, canonical(prog.order, prog.resident, outs, ins, prog.op_waits, recs))
 
 
+def _greedy(cg, prog, allocation, spec, order, base):
+    """Take the candidates in ``order`` one at a time, each kept if the simulated
+    step gets faster: (chosen, its simulation)."""
+    chosen, best = {}, base
+    for _, i, ops in order:
+        trial = _recomputed(cg, prog, {**chosen, i: ops})
+        try:
+            result = run_program(cg, trial, allocation, spec)
+        except PlanError:   # an input away at that point, or no free object then
+            continue
+        if result.step_time_s < best.step_time_s:
+            chosen[i] = ops
+            best = result
+    return chosen, best
+
+
 def with_recomputes(problem: Problem, plan: Plan, spec: DeviceSpec, budget_bytes: int, *,
                     max_trials: int = MAX_TRIALS) -> Plan:
     """``plan`` with the round trips that are cheaper to compute again made
@@ -127,17 +143,18 @@ def with_recomputes(problem: Problem, plan: Plan, spec: DeviceSpec, budget_bytes
     found = candidates(problem, prog, spec)[:max_trials]
     if not found:
         return plan
-    best = run_program(cg, prog, plan.allocation, spec)
-    chosen: dict = {}
-    for _, i, ops in found:
-        trial = _recomputed(cg, prog, {**chosen, i: ops})
-        try:
-            result = run_program(cg, trial, plan.allocation, spec)
-        except PlanError:   # an input away at that point, or no free object then
-            continue
+    base = run_program(cg, prog, plan.allocation, spec)
+    # Two greedy passes, keeping the faster: the largest saving first, and the
+    # cheapest recomputation for what it saves first (Capuchin's ranking).  An
+    # expensive one taken early can bring inputs back that crowd out several
+    # cheap ones, and the other way round.
+    time_of = {i: sum(float(cg.op_time[op]) for op in ops) for _, i, ops in found}
+    by_ratio = sorted(found, key=lambda e: (-e[0] / (time_of[e[1]] + 1e-9), e[1]))
+    chosen, best = {}, base
+    for order in (found, by_ratio):
+        picked, result = _greedy(cg, prog, plan.allocation, spec, order, base)
         if result.step_time_s < best.step_time_s:
-            chosen[i] = ops
-            best = result
+            chosen, best = picked, result
     if not chosen:
         return plan
     final = _recomputed(cg, prog, chosen)
