@@ -176,6 +176,9 @@ def plan_fields(fast) -> dict:
     return dict(predicted_peak_bytes=fast.plan.prediction.peak_bytes,
                 predicted_step_s=fast.plan.prediction.step_time_s, spec=fast.spec.name,
                 swaps=len(fast.plan.swaps), planner=fast.plan.planner,
+                recomputes=sum(1 for swap in fast.plan.swaps if swap.kind == "recompute"),
+                update_places=[f"{', '.join(p.variables)}: {p.place}"
+                               for p in fast.plan.update_places],
                 optimize_measured_peak_bytes=fast.measured_peak_bytes,
                 optimize_measured_on=fast.measured_on, notes=list(fast.notes),
                 report=fast.report())
