@@ -247,6 +247,7 @@ def from_plan(cg: CompiledGraph, schedule, swaps, resident_parameters) -> Progra
         resident += [b for b in range(cg.n_buffers)
                      if cg.buf_persistent[b] and cg.buf_pinned[b] and b not in resident]
     outs, ins, op_waits, out_of_swap, recs = [], [], [], {}, []
+    ids = {op.name: k for k, op in enumerate(cg.graph.ops)}
     for s in swaps:
         b = tbuf.get(s.tensor, -1)
         if b < 0:
@@ -258,7 +259,6 @@ def from_plan(cg: CompiledGraph, schedule, swaps, resident_parameters) -> Progra
                                s.kind not in ("drop", "recompute")))
             op_waits += [(where(o, f"swap {s.id!r}"), len(outs) - 1) for o in s.out_before]
             if s.kind == "recompute":
-                ids = {op.name: k for k, op in enumerate(cg.graph.ops)}
                 unknown = [o for o in s.ops if o not in ids]
                 if unknown:
                     raise ValueError(f"swap {s.id!r}: recomputes op {unknown[0]!r}, which is not "
