@@ -43,7 +43,7 @@ from tfswap.core.simulator import PlanError, run_program
 
 # Round trips tried per plan and order: each try is one simulation (Python),
 # and the estimate ranks well enough that later ones rarely pay.
-MAX_TRIALS = 64
+MAX_TRIALS = 256
 
 
 def _chain(cg, prog, r, position_of_op) -> tuple[int, ...] | None:

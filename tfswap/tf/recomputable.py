@@ -15,14 +15,15 @@ its result depends on nothing but those tensors.  That rules out, always:
 * ops placed off the device, and tfswap's own swap ops.
 
 Beyond those, only the op types of :data:`OFFERED` are offered to the
-planner: elementwise activations and arithmetic, normalizations, softmax,
-pooling, cheap data movement, and convolutions and matrix products (costly
+planner: elementwise activations and arithmetic (Grappler's fused
+``_UnaryOpsComposition`` too), normalizations, softmax, pooling, views and
+cheap data movement, gathers, and convolutions and matrix products (costly
 to run again, but on a GPU whose compute outruns its host link often
-cheaper than moving their output: the simulator decides).  Not ``BiasAdd``
-and ``Pad``, which TensorFlow's oneDNN pass merges into a neighbouring
-convolution when it instantiates the step on a CPU, nor a convolution that
-such a ``Pad`` merges into (``merged``): a second reader would stop the
-merge, and the step would compute differently.
+cheaper than moving their output: the simulator decides).  Not ``Pad``, nor
+a ``BiasAdd`` of a convolution's output, nor the convolution either reads
+or feeds (``merged``): TensorFlow's oneDNN pass merges those pairs when it
+instantiates the step on a CPU, a second reader would stop the merge, and
+the step would compute differently.
 
 Example::
 
@@ -44,7 +45,9 @@ OFFERED = frozenset({
     "FusedBatchNormV3", "FusedBatchNorm", "_FusedBatchNormEx", "Transpose", "ConcatV2",
     "Tile", "AddN", "MaxPool", "AvgPool",
     "Conv2D", "_FusedConv2D", "DepthwiseConv2dNative", "MatMul", "_FusedMatMul",
-    "BatchMatMulV2", "Einsum"})
+    "BatchMatMulV2", "Einsum", "BiasAdd", "_UnaryOpsComposition", "GatherV2",
+    "Identity", "Reshape", "Squeeze", "ExpandDims"})
+CONVOLUTIONS = frozenset({"Conv2D", "_FusedConv2D", "DepthwiseConv2dNative"})
 FUNCTIONAL = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
                         "PartitionedCall", "StatefulPartitionedCall"})
 
@@ -54,7 +57,15 @@ def merged(graph_def) -> frozenset:
     convolution and the ``Pad`` it reads; :mod:`tfswap.tf.grappler`)."""
     from tfswap.tf import grappler
 
-    return frozenset(name for pair in grappler.pads_into_convs(graph_def) for name in pair)
+    pads = {name for pair in grappler.pads_into_convs(graph_def) for name in pair}
+    nodes = {n.name: n for n in graph_def.node}
+    biases = set()
+    for node in graph_def.node:   # a convolution and the BiasAdd of its output
+        if node.op == "BiasAdd" and node.input:
+            source = nodes.get(node.input[0].partition(":")[0])
+            if source is not None and source.op in CONVOLUTIONS:
+                biases.update((node.name, source.name))
+    return frozenset(pads | biases)
 
 
 def refusal(node, graph: tf.Graph, device: str = "", merged_ops: frozenset = frozenset()) -> str:
@@ -92,4 +103,4 @@ def recomputable_ops(captured: CapturedFunction, graph: tf.Graph | None = None) 
                      if not refusal(node, graph, captured.device, merged_ops))
 
 
-__all__ = ["OFFERED", "merged", "recomputable_ops", "refusal"]
+__all__ = ["CONVOLUTIONS", "OFFERED", "merged", "recomputable_ops", "refusal"]
