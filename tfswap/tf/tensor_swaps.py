@@ -39,6 +39,13 @@ def tensor_swaps(plan: Plan, graph: DataflowGraph) -> Plan:
             swaps.append(swap)
             continue
         members = {graph.tensors[m].name for m in groups[liveness.buffer_root(graph, swap.tensor)]}
+        if swap.kind == "recompute" and swap.ops:
+            # Its last op makes the member its readers read (the planner chose
+            # the ops so: tfswap.core.recompute), a view of the buffer included.
+            value = next(t for t in graph.op(swap.ops[-1]).outputs if t in members)
+            swaps.append(dataclasses.replace(swap, tensor=value, consumers=tuple(
+                c for c in swap.consumers if value in graph.op(c).inputs)))
+            continue
         out_at = position[swap.out_after]
         readers: dict[str, list[str]] = {}
         for consumer in swap.consumers:
