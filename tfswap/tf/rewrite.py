@@ -367,13 +367,12 @@ def _check_host_reads(graph_def, nodes: dict, host_values, device: str) -> None:
 
 
 def _recompute(graph_def, nodes: dict, swap, k: int, position: dict, reference,
-               trigger, device: str) -> list[str]:
+               trigger, device: str, merged_ops: frozenset) -> list[str]:
     """Add the copies of the ops that make ``swap.tensor`` again (``swap.ops``, or
     its producer), in order, the first run after the op the schedule puts just
     before the first consumer; their names."""
-    from tfswap.tf.recomputable import merged, refusal
+    from tfswap.tf.recomputable import refusal
 
-    merged_ops = merged(graph_def)
     producer, _ = split_tensor_name(swap.tensor)
     ops = swap.ops or (producer,)
     if ops[-1] != producer:
@@ -569,12 +568,17 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
         return position.get(swap.out_after, -1)
 
     in_step_order = sorted(enumerate(plan.swaps), key=lambda e: at(e[1]))
-    recomputed = []   # (k, swap, clone name): their inputs are pointed at after the loop
+    recomputed = []   # (k, swap, clone names): their inputs are pointed at after the loop
+    merged_ops = None
     for k, swap in in_step_order:
         producer, index = split_tensor_name(swap.tensor)
         if swap.kind == "recompute":
+            if merged_ops is None:   # the pairs TF merges in the step as captured
+                from tfswap.tf.recomputable import merged
+
+                merged_ops = merged(captured.graph_def)
             clones = _recompute(graph_def, nodes, swap, k, position, reference, trigger,
-                                device)
+                                device, merged_ops)
             held = copies.setdefault((producer, index), [(producer, index)])
             for consumer in swap.consumers:
                 for copy in held:

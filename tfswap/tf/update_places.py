@@ -129,10 +129,7 @@ def apply(captured: CapturedFunction, device: str, places) -> CapturedFunction:
         if group is None:
             raise ValueError(f"no update of {', '.join(placed.variables)} computes on the "
                              "device in this step: the plan was made for another step")
-        if placed.place == "host":
-            captured = host_side.updates_on_host(captured, group)
-        elif placed.place == "pieces":
-            captured, _ = host_side.updates_in_pieces(captured, device, group, placed.pieces)
+        captured, _ = place(captured, None, device, group, placed.place, placed.pieces)
     return captured
 
 
