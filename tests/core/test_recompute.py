@@ -90,3 +90,68 @@ def test_recomputable_must_name_ops_of_the_graph(swapped):
     problem, _, _ = swapped
     with pytest.raises(ValueError, match="recomputable names ops that are not in the graph"):
         Problem.of(problem.graph, recomputable=["no such op"])
+
+
+def _attention_like(blocks: int = 6, mib: int = 64):
+    """x_i -> scores_i (read only by the softmax) -> probs_i -> x_{i+1}; the backward
+    reads probs_i and x_i: probs_i can be made again only through scores_i."""
+    from tfswap.core.graph import DataflowGraph, Op, Tensor
+
+    nbytes = mib << 20
+    ops, tensors = [Op("x0", "Placeholder", outputs=("x0:0",))], [
+        Tensor("x0:0", nbytes, kind="input")]
+    for i in range(blocks):
+        x = f"x{i}:0"
+        ops += [Op(f"scores{i}", "MatMul", inputs=(x, x), time_s=1e-3, phase="forward"),
+                Op(f"probs{i}", "Softmax", inputs=(f"scores{i}:0",), time_s=2e-4,
+                   phase="forward"),
+                Op(f"x{i + 1}", "MatMul", inputs=(f"probs{i}:0", x), time_s=1e-3,
+                   phase="forward")]
+        tensors += [Tensor(f"scores{i}:0", nbytes), Tensor(f"probs{i}:0", nbytes),
+                    Tensor(f"x{i + 1}:0", nbytes)]
+    grad = f"x{blocks}:0"
+    for i in reversed(range(blocks)):
+        ops.append(Op(f"grad{i}", "MatMulGrad", inputs=(grad, f"probs{i}:0", f"x{i}:0"),
+                      time_s=2e-3, phase="backward"))
+        tensors.append(Tensor(f"grad{i}:0", nbytes, kind="gradient"))
+        grad = f"grad{i}:0"
+    return DataflowGraph.build(ops, tensors), grad
+
+
+def test_a_value_is_made_again_through_a_buffer_the_step_no_longer_holds():
+    graph, loss = _attention_like()
+    recomputable = [op.name for op in graph.ops if op.type in ("MatMul", "Softmax")]
+    problem = Problem.of(graph, keep=[loss], recomputable=recomputable)
+    peak = planners.run("tfswap.order", problem, 1 << 62, SLOW).plan.prediction.peak_bytes
+    budget = int(0.6 * peak)
+    plan = planners.run("tfswap.order", problem, budget, SLOW).plan
+    hybrid = with_recomputes(problem, plan, SLOW, budget)
+    through = [s for s in hybrid.swaps if s.kind == "recompute" and len(s.ops) > 1]
+    assert through, [(s.tensor, s.kind, s.ops) for s in hybrid.swaps]
+    for s in through:   # the scores first, then the softmax that makes the tensor
+        i = s.tensor.removeprefix("probs").removesuffix(":0")
+        assert s.ops == (f"scores{i}", f"probs{i}")
+    assert hybrid.prediction.step_time_s < plan.prediction.step_time_s
+    again = simulate(graph, hybrid, SLOW, keep=problem.keep, compiled=problem.compiled)
+    assert again.step_time_s == pytest.approx(hybrid.prediction.step_time_s)
+    assert again.peak_bytes <= budget
+
+
+def test_a_chain_never_makes_again_what_the_step_still_holds():
+    # x_i is read again by the backward: a chain that made it again would hold
+    # two copies, so probs_i's chain stops at x_i (an input, read where it is).
+    graph, loss = _attention_like()
+    problem = Problem.of(graph, keep=[loss], recomputable=[op.name for op in graph.ops])
+    plan = planners.run("tfswap.order", problem, 1 << 62, SLOW).plan
+    cg = problem.compiled
+    from tfswap.core.program import InRec, OutRec, canonical
+    from tfswap.core.recompute import _chain, _Index
+
+    prog = from_plan(cg, plan.schedule, (), plan.resident_parameters)
+    order = [cg.graph.ops[o].name for o in prog.order]
+    b = int(cg.tensor_buffer[[t.name for t in cg.graph.tensors].index("probs2:0")])
+    outs = [OutRec(b, order.index("x3"), True)]
+    ins = [InRec(b, order.index("x3"), (0,), 0, order.index("grad2"))]
+    prog = canonical(prog.order, prog.resident, outs, ins, ())
+    ops = _chain(cg, prog, prog.ins[0], _Index(cg, prog))
+    assert [cg.graph.ops[o].name for o in ops] == ["scores2", "probs2"]

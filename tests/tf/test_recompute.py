@@ -12,7 +12,7 @@ import tfswap
 from tfswap import zoo
 from tfswap.core.devices import cpu_emulated
 from tfswap.core.plan import Plan, Swap
-from tfswap.tf import capture, emulate, recomputable, rewrite
+from tfswap.tf import capture, emulate, recomputable, rewrite, runtime
 from tests.tf.test_homes import assert_trains_like_the_unmodified_step, device_peak
 
 # A link of 50 MB/s each way: moving an activation costs far more than
@@ -90,3 +90,47 @@ def test_the_rewrite_refuses_to_recompute_a_read_or_a_random_op(kind):
                                          consumers=(reader,), kind="recompute"),))
     with pytest.raises(rewrite.RewriteError, match="cannot be recomputed"):
         rewrite.rewrite(captured, plan, emulate.DEVICE, emulate.HOST)
+
+
+def test_the_rewrite_makes_a_value_again_through_a_buffer_the_step_freed():
+    """Attention in small: the backward's reads of the softmax read a copy made
+    again from the scores made again (a chain through a second buffer), and the
+    gradient is the unmodified function's, bit for bit."""
+    rng = np.random.default_rng(0)
+    w = tf.Variable(rng.standard_normal((32, 32)).astype(np.float32) * 0.1)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = tf.matmul(x, w)
+            probs = tf.nn.softmax(tf.matmul(h, h, transpose_b=True))
+            loss = tf.reduce_sum(tf.square(tf.matmul(probs, h)))
+        return {"loss": loss, "grad": tape.gradient(loss, w)}
+
+    captured = capture.capture(step.get_concrete_function(tf.TensorSpec((64, 32))))
+    nodes = {n.name: n for n in captured.graph_def.node}
+    schedule = tuple(n for n in rewrite.topological_order(captured.graph_def)
+                     if nodes[n].op != "Placeholder")
+    softmax = next(n for n in schedule if nodes[n].op == "Softmax")
+    scores = nodes[softmax].input[0].partition(":")[0]
+    readers = [n for n in schedule if f"{softmax}" in [i.partition(":")[0]
+                                                       for i in nodes[n].input]]
+    forward = readers[0]
+    backward = tuple(n for n in readers if n.startswith("gradient_tape"))
+    assert nodes[scores].op in ("MatMul", "BatchMatMulV2") and backward
+    plan = Plan(schedule=schedule, swaps=(Swap(
+        f"{softmax}:0", out_after=forward, in_after="", consumers=backward, kind="recompute",
+        bytes=64 * 64 * 4, ops=(scores, softmax)),))
+    rewritten = rewrite.rewrite(captured, plan, emulate.DEVICE, emulate.HOST)
+    made = {n.name: n for n in rewritten.graph_def.node}
+    clone_softmax = next(n for n in made.values()
+                         if n.op == "Softmax" and n.name != softmax)
+    assert made[clone_softmax.input[0].partition(":")[0]].op == nodes[scores].op
+    assert clone_softmax.input[0].partition(":")[0] != scores
+    assert all(f"{softmax}" not in [i.partition(":")[0] for i in made[n].input]
+               for n in backward)
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    want = step(tf.constant(x))
+    got = runtime.bind(captured, rewritten.graph_def)(x)
+    for key in ("loss", "grad"):
+        np.testing.assert_array_equal(np.asarray(got[key]), want[key].numpy())

@@ -19,9 +19,12 @@ later is brought back for the recomputation instead
 (:func:`tfswap.core.program.inputs_back`), and one that is gone makes the
 candidate fail (the simulator checks).  A value written in place by several
 ops (a normalization's multiply and add, then a ReLU, all in one buffer) is
-made again by all of them, in order; a chain through other buffers
-(recomputing an input too) is not made.  The ops must make no other pool
-buffer and no scratch worth planning.
+made again by all of them, in order.  An input the step no longer holds
+then (attention scores, read only by their softmax; a normalization's
+temporaries) is made again for the chain alone, through its own ops (at
+most MAX_CHAIN_OPS in all): it takes memory while the chain runs, and the
+simulator prices that.  The ops must make no buffer the step still holds
+and no scratch worth planning.
 
 Example::
 
@@ -46,35 +49,89 @@ from tfswap.core.simulator import PlanError, run_program
 MAX_TRIALS = 256
 
 
-def _chain(cg, prog, r, position_of_op) -> tuple[int, ...] | None:
+# Ops one recomputation may run again.  Each chain op through another buffer
+# costs compute and holds that buffer while the chain runs; past a few the
+# link usually wins, and the simulator judges every chain anyway.
+MAX_CHAIN_OPS = 8
+
+
+class _Index:
+    """What the chains of one program look up: each buffer's members (tensor
+    ids) and each tensor's position, the last position each buffer is used."""
+
+    def __init__(self, cg, prog):
+        graph = cg.graph
+        self.position_of_op = {op: k for k, op in enumerate(prog.order)}
+        self.tensor_of = {t.name: i for i, t in enumerate(graph.tensors)}
+        self.members: dict[int, list[int]] = {}
+        for i in range(len(graph.tensors)):
+            b = int(cg.tensor_buffer[i])
+            if b >= 0:
+                self.members.setdefault(b, []).append(i)
+        self.made_at = [self.position_of_op.get(t.producer, -1) for t in graph.tensors]
+        self.last_use = [-1] * cg.n_buffers
+        in_ptr, op_in = cg.op_in_ptr, cg.op_in
+        out_ptr, op_out = cg.op_out_ptr, cg.op_out
+        for k, op in enumerate(prog.order):
+            for b in op_in[in_ptr[op]:in_ptr[op + 1]]:
+                self.last_use[int(b)] = k
+            for b in op_out[out_ptr[op]:out_ptr[op + 1]]:
+                self.last_use[int(b)] = max(self.last_use[int(b)], k)
+
+    def value_ops(self, cg, b: int, tensor: int) -> list[int]:
+        """The ops that make buffer ``b``'s value ``tensor``: its producer, then
+        each op that wrote the buffer in place (or viewed it) up to ``tensor``."""
+        last = self.made_at[tensor]
+        return [cg.graph.tensors[i].producer for i in self.members[b]
+                if 0 <= self.made_at[i] <= last]
+
+
+def _chain(cg, prog, r, index: _Index) -> tuple[int, ...] | None:
     """The ops that make, in order, the value the readers after swap-in ``r`` read
     of its buffer: the buffer's producer, then each op that wrote it in place
-    (or viewed it) before that value; None where those readers read more than
-    one value of the buffer, or an op of the chain makes another pool buffer."""
+    (or viewed it) before that value; and, where such an op reads a buffer the
+    step no longer holds then (attention scores, read only by the softmax), the
+    ops that make that buffer's value too, for the chain alone.  None where
+    those readers read more than one value of the buffer, the chain is longer
+    than MAX_CHAIN_OPS, or an op of it makes a buffer the step holds then or
+    scratch worth planning."""
     graph, b = cg.graph, r.buf
-    members = [i for i in range(len(graph.tensors)) if int(cg.tensor_buffer[i]) == b]
-    made_at = {i: position_of_op[graph.tensors[i].producer] for i in members}
-    names = {graph.tensors[i].name: i for i in members}
+    names = {graph.tensors[i].name: i for i in index.members[b]}
     after = [o.out_after for o in prog.outs if o.buf == b and o.out_after >= r.need]
     end = min(after) if after else len(prog.order)
     read = set()
     for k in range(r.need, end + 1 if after else end):
         for name in graph.ops[prog.order[k]].inputs:
             i = names.get(name)
-            if i is not None and made_at[i] < r.need:
+            if i is not None and index.made_at[i] < r.need:
                 read.add(i)
     if len(read) != 1:
         return None
-    last = made_at[next(iter(read))]
-    ops = sorted({graph.tensors[i].producer for i in members if made_at[i] <= last},
-                 key=lambda op: position_of_op[op])
+    ops = set(index.value_ops(cg, b, next(iter(read))))
+    todo = list(ops)
+    temps = set()
+    while todo:
+        op = todo.pop()
+        for name in graph.ops[op].inputs:
+            i = index.tensor_of.get(name)
+            x = int(cg.tensor_buffer[i]) if i is not None else -1
+            if x < 0 or x == b or graph.tensors[i].producer in ops:
+                continue
+            if cg.buf_persistent[x] or cg.buf_kept[x] or index.last_use[x] >= r.need:
+                continue   # on the device then, or brought back for it (inputs_back)
+            temps.add(x)
+            more = [p for p in index.value_ops(cg, x, i) if p not in ops]
+            ops.update(more)
+            todo += more
+            if len(ops) > MAX_CHAIN_OPS:
+                return None
     scratch_free = max(cg.small_threshold_bytes, 1)
     for op in ops:
         made = [int(x) for x in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]]
-        if any(x != b and not cg.buf_names[x].endswith(":scratch") for x in made) \
-                or graph.ops[op].scratch_bytes >= scratch_free:
+        if any(x != b and x not in temps and not cg.buf_names[x].endswith(":scratch")
+               for x in made) or graph.ops[op].scratch_bytes >= scratch_free:
             return None
-    return tuple(ops)
+    return tuple(sorted(ops, key=lambda op: index.position_of_op[op]))
 
 
 def candidates(problem: Problem, prog, spec: DeviceSpec) -> list[tuple[float, int, tuple]]:
@@ -82,12 +139,12 @@ def candidates(problem: Problem, prog, spec: DeviceSpec) -> list[tuple[float, in
     of every round trip whose value can be made again, the largest saving first."""
     cg = problem.compiled
     allowed = problem.recomputable
-    position_of_op = {op: k for k, op in enumerate(prog.order)}
+    index = _Index(cg, prog)
     found = []
     for i, r in enumerate(prog.ins):
         if r.own_out < 0 or not prog.outs[r.own_out].copy or cg.buf_persistent[r.buf]:
             continue
-        ops = _chain(cg, prog, r, position_of_op)
+        ops = _chain(cg, prog, r, index)
         if not ops or any(cg.graph.ops[op].name not in allowed for op in ops):
             continue
         nbytes = int(cg.buf_bytes[r.buf])
@@ -155,17 +212,23 @@ def with_recomputes(problem: Problem, plan: Plan, spec: DeviceSpec, budget_bytes
         picked, result = _greedy(cg, prog, plan.allocation, spec, order, base)
         if result.step_time_s < best.step_time_s:
             chosen, best = picked, result
-    if not chosen:
-        return plan
-    final = _recomputed(cg, prog, chosen)
     allocation = plan.allocation
-    if allocation.shared:
-        result = run_program(cg, final, allocation, spec, events=True)
-        allocation = layout.shared_layout(result, allocation)
-        if allocation.total_bytes > budget_bytes:
-            return plan
-        buffer_classes(cg, allocation)   # the classes still hold every buffer
-        best = run_program(cg, final, allocation, spec)
+    while chosen:
+        final = _recomputed(cg, prog, chosen)
+        if not allocation.shared:
+            break
+        # Busy times moved, so the shared pool is laid out again; where it grows
+        # past the budget, the last recomputations taken go first.
+        result = run_program(cg, final, plan.allocation, spec, events=True)
+        allocation = layout.shared_layout(result, plan.allocation)
+        if allocation.total_bytes <= budget_bytes:
+            buffer_classes(cg, allocation)   # the classes still hold every buffer
+            best = run_program(cg, final, allocation, spec)
+            break
+        del chosen[next(reversed(chosen))]
+        allocation = plan.allocation
+    if not chosen or best.step_time_s >= base.step_time_s:
+        return plan
     swaps, resident = to_plan_swaps(cg, final)
     return dataclasses.replace(
         plan, swaps=swaps, resident_parameters=resident, allocation=allocation,

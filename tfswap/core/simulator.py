@@ -31,7 +31,10 @@ A recomputation (``Program.recomputes``, Capuchin's alternative to a swap)
 runs the buffer's producer again on the compute stream right before the op
 that needs it: that op starts the producer's time later, and the buffer
 takes its object when the recomputation starts.  The producer's inputs must
-be on the device then.
+be on the device then, or be made by an earlier op of the same chain: such a
+buffer (a chain through another buffer, e.g. attention scores made again to
+make their softmax again) takes an object when the chain starts and gives it
+back when the op the chain runs before ends.
 
 Memory is the plan's pool: a buffer takes an object of its size class from
 a per-class LIFO stack of free object indices (initially ``[n-1, ..., 0]``,
@@ -229,6 +232,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
         recs_of[r.need].append(r)
         chain[r.buf] = recompute_ops(cg, r)
     recompute_s = 0.0
+    temps_of = [[] for _ in range(n)]   # buffers a chain made only for itself
     last = [-1] * cg.n_buffers
     for k in range(n):
         for b in reads[k]:
@@ -282,15 +286,27 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
             return False
         extra = 0.0
         for r in recs_of[kc]:
-            for p in chain[r.buf]:
-                for b in op_in[in_ptr[p]:in_ptr[p + 1]]:
-                    if b != r.buf and not arrived.get(b, False):
-                        raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} before op "
-                                        f"{cg.graph.ops[order[kc]].name!r} reads "
-                                        f"{cg.buf_names[b]!r}, which is not on the device")
             if r.buf in arrived:
                 raise PlanError(f"recompute of {cg.buf_names[r.buf]!r} while it is "
                                 "still on the device")
+            made = {r.buf}
+            for p in chain[r.buf]:
+                for b in op_in[in_ptr[p]:in_ptr[p + 1]]:
+                    if b not in made and not arrived.get(b, False):
+                        raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} before op "
+                                        f"{cg.graph.ops[order[kc]].name!r} reads "
+                                        f"{cg.buf_names[b]!r}, which is not on the device")
+                # A chain through another buffer makes it again for the chain
+                # alone: it holds memory until the op the chain runs before ends.
+                for b in op_out[out_ptr[p]:out_ptr[p + 1]]:
+                    if b not in made:
+                        if b in arrived:
+                            raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} makes "
+                                            f"{cg.buf_names[b]!r} again while it is on the device")
+                        take(b, t)
+                        arrived[b] = True
+                        made.add(b)
+                        temps_of[kc].append(b)
             take(r.buf, t)
             arrived[r.buf] = True
             for p in chain[r.buf]:
@@ -433,6 +449,8 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
                     give(b, te)
             for j in drops_of[kc]:
                 give(outs[j].buf, te)
+            for b in temps_of[kc]:
+                give(b, te)
             c_run = False
             kc += 1
         if h_run:
