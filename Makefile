@@ -21,7 +21,7 @@ $(STAMP): $(PY) Makefile setup.py $(wildcard tfswap/ops/*.cc tfswap/ops/*.h tfsw
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q "tensorflow-cpu>=2.21,<2.22" "numpy>=1.24" "deap>=1.4" \
 	    "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6" \
-	    "dask[distributed]>=2024.1" "matplotlib>=3.7"
+	    "dask[distributed]>=2024.1" "matplotlib>=3.7" "scipy>=1.11"
 	$(PY) -m pip install -q --no-build-isolation -e .
 	touch $(STAMP)
 

@@ -109,9 +109,9 @@ setup(
         # `tensorflow[and-cuda]` is not shadowed by a second CPU wheel.
         "cpu": ["tensorflow-cpu>=2.21,<2.22"],
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6", "dask[distributed]"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6", "dask[distributed]", "scipy>=1.11"],
         "plot": ["matplotlib>=3.7"],   # plan.plot_memory / the demo's memory picture
-        "bench": ["matplotlib>=3.7"],   # the bar charts of benchmarks/paper_fig6.py, `tfswap bench`
+        "bench": ["matplotlib>=3.7", "scipy>=1.11"],   # paper_fig6.py bar charts, `tfswap bench`; fig6_bound.py LP
     },
     entry_points={"console_scripts": ["tfswap = tfswap.cli:main"]},
     zip_safe=False,
