@@ -134,3 +134,56 @@ def test_the_byte_planner_is_tried_only_when_asked(step):
     assert ga_plan(g, int(peak * 0.6), SPEC, config=cfg).plan.planner == PLANNER_NAME
     with pytest.raises(ValueError, match="byte_planner must be True or False"):
         SearchConfig(byte_planner="yes")
+
+
+def _slow_link():
+    import dataclasses
+
+    return dataclasses.replace(SPEC, h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9,
+                               duplex_bytes_per_s=1.5e9)
+
+
+@pytest.mark.parametrize("memory", ["live", "shared"])
+def test_what_is_cheaper_to_make_again_is_dropped_and_made_again(memory):
+    """On a slow link the plan drops what its ops make again for less than a share
+    of the copies, and is faster than copying alone; the simulator runs it within
+    the budget, and the saved plan reads back to the same program."""
+    from tfswap.core.program import from_plan
+    from tfswap.core.problem import Problem
+
+    spec = _slow_link()
+    graph = layered_training_step(300, seed=4)
+    problem = Problem.of(graph, recomputable=[op.name for op in graph.ops])
+    peak = byte_planner.plan(graph, 1 << 62, spec).prediction.peak_bytes
+    budget = int(0.7 * peak)
+    copies = byte_planner.plan(graph, budget, spec, compiled=problem.compiled, memory=memory)
+    hybrid = byte_planner.plan(graph, budget, spec, compiled=problem.compiled, memory=memory,
+                               recomputable=problem.recomputable)
+    remade = [s for s in hybrid.swaps if s.kind == "recompute"]
+    assert remade and all(s.ops for s in remade)
+    assert hybrid.prediction.step_time_s < copies.prediction.step_time_s
+    assert hybrid.prediction.swap_in_bytes < copies.prediction.swap_in_bytes
+    again = simulate(graph, hybrid, spec, compiled=problem.compiled)
+    assert again.step_time_s == pytest.approx(hybrid.prediction.step_time_s)
+    assert again.peak_bytes <= budget
+    cg = problem.compiled
+    prog = from_plan(cg, hybrid.schedule, hybrid.swaps, hybrid.resident_parameters)
+    loaded = Plan.from_json(hybrid.to_json())
+    assert from_plan(cg, loaded.schedule, loaded.swaps, loaded.resident_parameters) == prog
+    # No chain of remakes: what a remade buffer's ops read is not itself remade there.
+    for rec in prog.recomputes:
+        reads = {int(x) for op in rec.ops
+                 for x in cg.op_in[cg.op_in_ptr[op]:cg.op_in_ptr[op + 1]]}
+        assert not any(r.buf in reads and r.need == rec.need
+                       for r in prog.recomputes if r is not rec)
+
+
+def test_only_the_ops_named_may_run_again():
+    spec = _slow_link()
+    graph = layered_training_step(300, seed=4)
+    peak = byte_planner.plan(graph, 1 << 62, spec).prediction.peak_bytes
+    named = {op.name for op in graph.ops[: len(graph.ops) // 3]}
+    plan = byte_planner.plan(graph, int(0.7 * peak), spec, recomputable=named)
+    for s in plan.swaps:
+        if s.kind == "recompute":
+            assert set(s.ops) <= named

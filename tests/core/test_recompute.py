@@ -145,7 +145,7 @@ def test_a_chain_never_makes_again_what_the_step_still_holds():
     plan = planners.run("tfswap.order", problem, 1 << 62, SLOW).plan
     cg = problem.compiled
     from tfswap.core.program import InRec, OutRec, canonical
-    from tfswap.core.recompute import _chain, _Index
+    from tfswap.core.recompute import ChainIndex, _chain
 
     prog = from_plan(cg, plan.schedule, (), plan.resident_parameters)
     order = [cg.graph.ops[o].name for o in prog.order]
@@ -153,5 +153,5 @@ def test_a_chain_never_makes_again_what_the_step_still_holds():
     outs = [OutRec(b, order.index("x3"), True)]
     ins = [InRec(b, order.index("x3"), (0,), 0, order.index("grad2"))]
     prog = canonical(prog.order, prog.resident, outs, ins, ())
-    ops = _chain(cg, prog, prog.ins[0], _Index(cg, prog))
+    ops = _chain(cg, prog, prog.ins[0], ChainIndex(cg, prog.order))
     assert [cg.graph.ops[o].name for o in ops] == ["scores2", "probs2"]

@@ -117,15 +117,18 @@ def genetic(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
             config: search.SearchConfig = search.SearchConfig(),
             recency_margin_s: float = 0.0, recompute: bool = True) -> PlanResult:
     """SwapAdvisor's search over schedules and pools, starting from TF's order;
-    with ``recompute``, its plan's round trips that are cheaper to compute again
-    made recomputations (:func:`tfswap.core.recompute.with_recomputes`, for the
-    ops ``problem.recomputable`` names)."""
+    with ``recompute``, the byte-cap planner it also tries (``config.byte_planner``)
+    drops and makes again what is cheaper to make again than to move, and the
+    plan's round trips that are cheaper to compute again are made
+    recomputations (:func:`tfswap.core.recompute.with_recomputes`), for the ops
+    ``problem.recomputable`` names."""
     res = search.plan(problem.graph, budget_bytes, spec, config=config,
                       initial_schedule=problem.schedule, keep=problem.keep,
                       recency_margin_s=recency_margin_s,
                       params_start_on_host=problem.params_start_on_host,
                       small_threshold_bytes=problem.small_threshold_bytes,
-                      compiled=problem.compiled)
+                      compiled=problem.compiled,
+                      recomputable=problem.recomputable if recompute else ())
     if not recompute:
         return PlanResult(res.plan, res)
     hybrid = with_recomputes(problem, res.plan, spec, budget_bytes)
@@ -179,7 +182,8 @@ def bytes_cap(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
     """The byte-cap planner (:mod:`tfswap.core.byte_planner`) on TF's order."""
     _host_parameters_unsupported(problem, search.BYTES_PLANNER_NAME)
     plan = byte_planner.plan(problem.graph, budget_bytes, spec, schedule=problem.schedule,
-                             keep=problem.keep, compiled=problem.compiled, memory=memory)
+                             keep=problem.keep, compiled=problem.compiled, memory=memory,
+                             recomputable=problem.recomputable)
     return PlanResult(dataclasses.replace(plan, planner=search.BYTES_PLANNER_NAME))
 
 

@@ -55,13 +55,13 @@ MAX_TRIALS = 256
 MAX_CHAIN_OPS = 8
 
 
-class _Index:
-    """What the chains of one program look up: each buffer's members (tensor
-    ids) and each tensor's position, the last position each buffer is used."""
+class ChainIndex:
+    """What the chains of one order look up: each buffer's members (tensor ids),
+    each tensor's position, the last position each buffer is used."""
 
-    def __init__(self, cg, prog):
+    def __init__(self, cg, order):
         graph = cg.graph
-        self.position_of_op = {op: k for k, op in enumerate(prog.order)}
+        self.position_of_op = {int(op): k for k, op in enumerate(order)}
         self.tensor_of = {t.name: i for i, t in enumerate(graph.tensors)}
         self.members: dict[int, list[int]] = {}
         for i in range(len(graph.tensors)):
@@ -72,29 +72,63 @@ class _Index:
         self.last_use = [-1] * cg.n_buffers
         in_ptr, op_in = cg.op_in_ptr, cg.op_in
         out_ptr, op_out = cg.op_out_ptr, cg.op_out
-        for k, op in enumerate(prog.order):
+        for k, op in enumerate(order):
             for b in op_in[in_ptr[op]:in_ptr[op + 1]]:
                 self.last_use[int(b)] = k
             for b in op_out[out_ptr[op]:out_ptr[op + 1]]:
                 self.last_use[int(b)] = max(self.last_use[int(b)], k)
 
-    def value_ops(self, cg, b: int, tensor: int) -> list[int]:
-        """The ops that make buffer ``b``'s value ``tensor``: its producer, then
-        each op that wrote the buffer in place (or viewed it) up to ``tensor``."""
-        last = self.made_at[tensor]
+    def value_ops(self, cg, b: int, upto: int) -> list[int]:
+        """The ops that make buffer ``b``'s value as of position ``upto``: its
+        producer, then each op that wrote the buffer in place (or viewed it)."""
         return [cg.graph.tensors[i].producer for i in self.members[b]
-                if 0 <= self.made_at[i] <= last]
+                if 0 <= self.made_at[i] <= upto]
 
 
-def _chain(cg, prog, r, index: _Index) -> tuple[int, ...] | None:
-    """The ops that make, in order, the value the readers after swap-in ``r`` read
-    of its buffer: the buffer's producer, then each op that wrote it in place
-    (or viewed it) before that value; and, where such an op reads a buffer the
-    step no longer holds then (attention scores, read only by the softmax), the
-    ops that make that buffer's value too, for the chain alone.  None where
-    those readers read more than one value of the buffer, the chain is longer
-    than MAX_CHAIN_OPS, or an op of it makes a buffer the step holds then or
-    scratch worth planning."""
+def value_chain(cg, index: ChainIndex, b: int, upto: int, need: int,
+                allowed=None) -> tuple[int, ...] | None:
+    """The ops, in order, that make buffer ``b``'s value as of position ``upto``
+    again right before position ``need``: ``b``'s own (:meth:`ChainIndex.value_ops`)
+    and, where one reads a buffer the step no longer holds at ``need``, that
+    buffer's, for the chain alone.  None where the chain is longer than
+    MAX_CHAIN_OPS, an op of it is not in ``allowed`` (op ids; None: any), makes a
+    buffer the step still holds at ``need``, or has scratch worth planning."""
+    graph = cg.graph
+    ops = set(index.value_ops(cg, b, upto))
+    if not ops:
+        return None
+    todo = list(ops)
+    temps = set()
+    while todo:
+        op = todo.pop()
+        for name in graph.ops[op].inputs:
+            i = index.tensor_of.get(name)
+            x = int(cg.tensor_buffer[i]) if i is not None else -1
+            if x < 0 or x == b or graph.tensors[i].producer in ops:
+                continue
+            if cg.buf_persistent[x] or cg.buf_kept[x] or index.last_use[x] >= need:
+                continue   # on the device then, or brought back for it (inputs_back)
+            temps.add(x)
+            more = [p for p in index.value_ops(cg, x, index.made_at[i]) if p not in ops]
+            ops.update(more)
+            todo += more
+            if len(ops) > MAX_CHAIN_OPS:
+                return None
+    scratch_free = max(cg.small_threshold_bytes, 1)
+    for op in ops:
+        if allowed is not None and op not in allowed:
+            return None
+        made = [int(x) for x in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]]
+        if any(x != b and x not in temps and not cg.buf_names[x].endswith(":scratch")
+               for x in made) or graph.ops[op].scratch_bytes >= scratch_free:
+            return None
+    return tuple(sorted(ops, key=lambda op: index.position_of_op[op]))
+
+
+def _chain(cg, prog, r, index: ChainIndex) -> tuple[int, ...] | None:
+    """The ops that make again, right before swap-in ``r``'s reader, the value
+    the readers after it read of its buffer (:func:`value_chain`); None where
+    those readers read more than one value of the buffer."""
     graph, b = cg.graph, r.buf
     names = {graph.tensors[i].name: i for i in index.members[b]}
     after = [o.out_after for o in prog.outs if o.buf == b and o.out_after >= r.need]
@@ -107,31 +141,7 @@ def _chain(cg, prog, r, index: _Index) -> tuple[int, ...] | None:
                 read.add(i)
     if len(read) != 1:
         return None
-    ops = set(index.value_ops(cg, b, next(iter(read))))
-    todo = list(ops)
-    temps = set()
-    while todo:
-        op = todo.pop()
-        for name in graph.ops[op].inputs:
-            i = index.tensor_of.get(name)
-            x = int(cg.tensor_buffer[i]) if i is not None else -1
-            if x < 0 or x == b or graph.tensors[i].producer in ops:
-                continue
-            if cg.buf_persistent[x] or cg.buf_kept[x] or index.last_use[x] >= r.need:
-                continue   # on the device then, or brought back for it (inputs_back)
-            temps.add(x)
-            more = [p for p in index.value_ops(cg, x, i) if p not in ops]
-            ops.update(more)
-            todo += more
-            if len(ops) > MAX_CHAIN_OPS:
-                return None
-    scratch_free = max(cg.small_threshold_bytes, 1)
-    for op in ops:
-        made = [int(x) for x in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]]
-        if any(x != b and x not in temps and not cg.buf_names[x].endswith(":scratch")
-               for x in made) or graph.ops[op].scratch_bytes >= scratch_free:
-            return None
-    return tuple(sorted(ops, key=lambda op: index.position_of_op[op]))
+    return value_chain(cg, index, b, index.made_at[next(iter(read))], r.need)
 
 
 def candidates(problem: Problem, prog, spec: DeviceSpec) -> list[tuple[float, int, tuple]]:
@@ -139,7 +149,7 @@ def candidates(problem: Problem, prog, spec: DeviceSpec) -> list[tuple[float, in
     of every round trip whose value can be made again, the largest saving first."""
     cg = problem.compiled
     allowed = problem.recomputable
-    index = _Index(cg, prog)
+    index = ChainIndex(cg, prog.order)
     found = []
     for i, r in enumerate(prog.ins):
         if r.own_out < 0 or not prog.outs[r.own_out].copy or cg.buf_persistent[r.buf]:
@@ -237,4 +247,5 @@ def with_recomputes(problem: Problem, plan: Plan, spec: DeviceSpec, budget_bytes
                               swap_in_bytes=best.h2d_bytes))
 
 
-__all__ = ["MAX_TRIALS", "candidates", "with_recomputes"]
+__all__ = ["MAX_CHAIN_OPS", "MAX_TRIALS", "ChainIndex", "candidates", "value_chain",
+           "with_recomputes"]

@@ -25,7 +25,8 @@ from tfswap.core.program import from_plan
 from tfswap.core.search_config import BYTES_PLANNER_NAME, SearchResult
 
 
-def search_shared(search, graph, budget_bytes, spec, config, cg, **options) -> SearchResult:
+def search_shared(search, graph, budget_bytes, spec, config, cg, recomputable=(),
+                  **options) -> SearchResult:
     """Searches for pools of ``f x budget_bytes`` and lays each best plan out shared.
 
     The shared arena of a plan searched for a disjoint pool of ``P`` bytes is
@@ -37,7 +38,8 @@ def search_shared(search, graph, budget_bytes, spec, config, cg, **options) -> S
 
     ``search(graph, pool_bytes, spec, config, cg, **options)``: the genetic search
     for a disjoint pool (:func:`tfswap.core.search.plan`'s own), passed in so that
-    this module does not import the one that calls it.
+    this module does not import the one that calls it.  ``recomputable``: the
+    ops the byte-cap planner may run again (:func:`tfswap.core.byte_planner.plan`).
     """
 
     rounds = config.layout_rounds
@@ -88,7 +90,7 @@ def search_shared(search, graph, budget_bytes, spec, config, cg, **options) -> S
             break
         f = proposal
     schedules = [options["initial_schedule"]] + ([best[0].plan.schedule] if best else [])
-    by_bytes = _byte_planned(graph, budget_bytes, spec, cg, schedules, options) \
+    by_bytes = _byte_planned(graph, budget_bytes, spec, cg, schedules, options, recomputable) \
         if config.byte_planner else None
     if best is None and by_bytes is None:
         raise Infeasible(f"no plan's shared pool fits the budget of {budget_bytes} bytes; "
@@ -122,7 +124,8 @@ def _byte_result(plan: Plan, cg, spec, config, generations, evaluations, heurist
                         "no shared pool of the genetic search fitted", config=config)
 
 
-def _byte_planned(graph, budget_bytes, spec, cg, schedules, options) -> Plan | None:
+def _byte_planned(graph, budget_bytes, spec, cg, schedules, options,
+                  recomputable=()) -> Plan | None:
     """The fastest plan of :mod:`tfswap.core.byte_planner` on ``schedules`` whose shared
     arena fits, or None.
 
@@ -143,7 +146,7 @@ def _byte_planned(graph, budget_bytes, spec, cg, schedules, options) -> Plan | N
         seen.add(order)
         try:
             got = byte_planner.plan(graph, budget_bytes, spec, schedule=schedule, compiled=cg,
-                                    memory="shared")
+                                    memory="shared", recomputable=recomputable)
         except Infeasible:
             continue
         if best is None or got.prediction.step_time_s < best.prediction.step_time_s:

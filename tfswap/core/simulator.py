@@ -230,7 +230,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
     chain = {}
     for r in prog.recomputes:
         recs_of[r.need].append(r)
-        chain[r.buf] = recompute_ops(cg, r)
+        chain[r] = recompute_ops(cg, r)   # a buffer may be made again more than once
     recompute_s = 0.0
     temps_of = [[] for _ in range(n)]   # buffers a chain made only for itself
     last = [-1] * cg.n_buffers
@@ -290,7 +290,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
                 raise PlanError(f"recompute of {cg.buf_names[r.buf]!r} while it is "
                                 "still on the device")
             made = {r.buf}
-            for p in chain[r.buf]:
+            for p in chain[r]:
                 for b in op_in[in_ptr[p]:in_ptr[p + 1]]:
                     if b not in made and not arrived.get(b, False):
                         raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} before op "
@@ -309,7 +309,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
                         temps_of[kc].append(b)
             take(r.buf, t)
             arrived[r.buf] = True
-            for p in chain[r.buf]:
+            for p in chain[r]:
                 if record:
                     ev.append(SimEvent("compute", "recompute:" + cg.graph.ops[p].name,
                                        t + extra, t + extra + float(cg.op_time[p])))

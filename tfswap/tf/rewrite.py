@@ -671,6 +671,10 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
         if swap.kind == "round_trip" and swap.id in swap_in_node:
             leaves.setdefault(split_tensor_name(swap.tensor), []).append(
                 (position[swap.out_after], swap_in_node[swap.id].name))
+    for k, swap, clones in recomputed:   # a value made again, read by a later recomputation
+        source = split_tensor_name(swap.tensor)
+        leaves.setdefault(source, []).append(
+            (position[swap.out_after], _input_ref(clones[-1], source[1])))
     for k, swap, clones in recomputed:
         need = min(position[c] for c in swap.consumers)
         for source, left in leaves.items():
