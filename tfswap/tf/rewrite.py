@@ -673,8 +673,8 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
                 (position[swap.out_after], swap_in_node[swap.id].name))
     for k, swap, clones in recomputed:   # a value made again, read by a later recomputation
         source = split_tensor_name(swap.tensor)
-        leaves.setdefault(source, []).append(
-            (position[swap.out_after], _input_ref(clones[-1], source[1])))
+        made_at = min(position[c] for c in swap.consumers) - 0.5   # just before its readers
+        leaves.setdefault(source, []).append((made_at, _input_ref(clones[-1], source[1])))
     for k, swap, clones in recomputed:
         need = min(position[c] for c in swap.consumers)
         for source, left in leaves.items():
