@@ -153,3 +153,31 @@ def test_summary_of_a_shared_pool_search_says_its_generations_span_pool_sizes(se
     assert result.pool_rounds > 1 and result.generations == 4 * result.pool_rounds
     assert (f"search: {result.generations} generations, {result.evaluations} simulations over "
             f"{result.pool_rounds} pool sizes (the table: the chosen one's)") in text
+
+
+def test_summary_lists_what_is_recomputed_and_what_it_costs():
+    """A plan that makes tensors again says how many, the bytes not moved, the time
+    of the ops run again, and names the largest."""
+    import dataclasses
+
+    from research.synthetic import layered_training_step
+    from tfswap.core import byte_planner
+    from tfswap.core.devices import device_spec
+
+    spec = dataclasses.replace(device_spec("v100-16g-pcie3"), h2d_bytes_per_s=1e9,
+                               d2h_bytes_per_s=1e9, duplex_bytes_per_s=1.5e9)
+    graph = layered_training_step(300, seed=4)
+    peak = byte_planner.plan(graph, 1 << 62, spec).prediction.peak_bytes
+    plan = byte_planner.plan(graph, int(0.7 * peak), spec,
+                             recomputable=[op.name for op in graph.ops])
+    recs = [s for s in plan.swaps if s.kind == "recompute"]
+    assert recs
+    text = report.summary(plan, graph=graph)
+    times = {op.name: op.time_s for op in graph.ops}
+    run_again = sum(times[op] for s in recs for op in s.ops)
+    assert f"recomputed: {len(recs)} tensors, {report.human_bytes(sum(s.bytes for s in recs))} " \
+           f"not moved, {run_again * 1e3:.3f} ms of ops run again" in text
+    largest = max(recs, key=lambda s: s.bytes)
+    assert f"    {largest.tensor} ({report.human_bytes(largest.bytes)}; " in text
+    assert "recomputed" not in report.summary(dataclasses.replace(
+        plan, swaps=tuple(s for s in plan.swaps if s.kind != "recompute")), graph=graph)

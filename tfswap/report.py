@@ -76,8 +76,9 @@ def summary(plan: Plan, *, search=None, graph: DataflowGraph | None = None,
     """A readable table of what ``plan`` does and what it is predicted to cost.
 
     Rows: step time predicted vs ideal, device peak vs budget (and the
-    measured peak when known), bytes each way, swaps by kind, resident
-    parameters (their bytes when ``graph`` is given), and, with ``search``
+    measured peak when known), bytes each way, swaps by kind, the tensors
+    recomputed and what they cost, resident parameters (their bytes when
+    ``graph`` is given), and, with ``search``
     (a :class:`tfswap.core.search.SearchResult`), the search's history.
 
     Example::
@@ -106,6 +107,7 @@ def summary(plan: Plan, *, search=None, graph: DataflowGraph | None = None,
     counts = swap_counts(plan)
     kinds = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in counts.items() if n)
     lines.append(f"  swaps: {len(plan.swaps)}" + (f" ({kinds})" if kinds else ""))
+    lines += _recompute_lines(plan, graph)
     resident = len(plan.resident_parameters)
     if graph is not None and resident:
         names = set(plan.resident_parameters)
@@ -124,6 +126,35 @@ def summary(plan: Plan, *, search=None, graph: DataflowGraph | None = None,
         lines += _search_lines(search)
     lines += [f"  note: {n}" for n in notes]
     return "\n".join(lines)
+
+
+# Recomputed tensors named in the summary; the rest are counted.
+LISTED_RECOMPUTES = 5
+
+
+def _recompute_lines(plan: Plan, graph: DataflowGraph | None) -> list[str]:
+    """What is made again instead of moved: how much, what it costs the compute
+    stream (with ``graph``: its ops' times), the largest first."""
+    recs = [s for s in plan.swaps if s.kind == "recompute"]
+    if not recs:
+        return []
+    cost = {}
+    if graph is not None:
+        times = {op.name: op.time_s for op in graph.ops}
+        cost = {s.id: sum(times.get(op, 0.0) for op in (s.ops or (s.tensor.rpartition(":")[0],)))
+                for s in recs}
+    total = human_bytes(sum(s.bytes for s in recs))
+    head = f"  recomputed: {len(recs)} tensors, {total} not moved"
+    if cost:
+        head += f", {_ms(sum(cost.values()))} of ops run again"
+    lines = [head]
+    for s in sorted(recs, key=lambda s: -s.bytes)[:LISTED_RECOMPUTES]:
+        ops = f"{len(s.ops)} ops" if len(s.ops) > 1 else "1 op"
+        took = f", {_ms(cost[s.id])}" if s.id in cost else ""
+        lines.append(f"    {s.tensor} ({human_bytes(s.bytes)}; {ops}{took})")
+    if len(recs) > LISTED_RECOMPUTES:
+        lines.append(f"    ... and {len(recs) - LISTED_RECOMPUTES} more")
+    return lines
 
 
 def _search_lines(search) -> list[str]:
