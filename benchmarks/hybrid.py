@@ -40,7 +40,8 @@ MODELS = {"cnn": lambda: zoo.cnn(batch=32), "bert": lambda: zoo.bert(batch=16),
           # activations well above the parameters and Adam state (283 MB), so they
           # stay on the device and the link carries activations
           "resnet50_b32": lambda: zoo.resnet50(batch=32, image=64)}
-COLUMNS = ("model", "plan", "budget_bytes", "round_trips", "recomputes", "predicted_step_s",
+COLUMNS = ("model", "plan", "budget_bytes", "round_trips", "recomputes", "predicted_peak_bytes",
+           "optimize_measured_peak_bytes", "predicted_step_s",
            "measured_step_s", "ratio_rounds", "measured_peak_bytes", "identical")
 
 
@@ -81,6 +82,8 @@ def run(name: str, args) -> list[dict]:
         rows.append(dict(
             model=name, plan=plan, budget_bytes=budget, round_trips=kinds.count("round_trip"),
             recomputes=kinds.count("recompute"),
+            predicted_peak_bytes=fast.plan.prediction.peak_bytes,
+            optimize_measured_peak_bytes=fast.measured_peak_bytes,
             predicted_step_s=fast.plan.prediction.step_time_s,
             measured_step_s=statistics.median(times[plan]),
             ratio_rounds=" ".join(f"{r:.3f}" for r in ratios) if plan == "hybrid" else "",
@@ -113,7 +116,9 @@ def main() -> None:
             print(f"{row['model']:9s} {row['plan']:9s} budget {row['budget_bytes']} B: "
                   f"{row['round_trips']} round trips, {row['recomputes']} recomputes; "
                   f"predicted {row['predicted_step_s'] * 1e3:.1f} ms, measured "
-                  f"{row['measured_step_s'] * 1e3:.1f} ms, peak {row['measured_peak_bytes']} B, "
+                  f"{row['measured_step_s'] * 1e3:.1f} ms, peak {row['measured_peak_bytes']} B "
+                  f"(predicted {row['predicted_peak_bytes']} B, optimize measured "
+                  f"{row['optimize_measured_peak_bytes']} B with instant copies), "
                   f"identical {row['identical']}"
                   + (f"; hybrid/swap-only by round: {row['ratio_rounds']}"
                      if row["ratio_rounds"] else ""), flush=True)
