@@ -371,7 +371,9 @@ def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_by
     """The swap program for ``order`` with at most ``cap_bytes`` of pool buffers
     planned at any position (module docstring).  Raises
     :class:`~tfswap.core.planner.InfeasibleAllocation` when an op's own buffers or
-    the parameters do not fit.
+    the parameters do not fit.  ``recompute``: op ids that may run again;
+    ``recompute_share``: a buffer whose ops take at most this share of its
+    round trip's copy time is dropped and made again instead of copied.
 
     Example::
 
