@@ -187,3 +187,18 @@ def test_only_the_ops_named_may_run_again():
     for s in plan.swaps:
         if s.kind == "recompute":
             assert set(s.ops) <= named
+
+
+def test_the_registered_byte_planner_recomputes_what_the_problem_allows():
+    from tfswap.core import planners
+    from tfswap.core.problem import Problem
+
+    spec = _slow_link()
+    graph = layered_training_step(300, seed=4)
+    peak = byte_planner.plan(graph, 1 << 62, spec).prediction.peak_bytes
+    allowed = Problem.of(graph, recomputable=[op.name for op in graph.ops])
+    plan = planners.run("tfswap.bytes", allowed, int(0.7 * peak), spec).plan
+    assert any(s.kind == "recompute" for s in plan.swaps)
+    swaps_only = planners.run("tfswap.bytes", Problem.of(graph), int(0.7 * peak), spec).plan
+    assert not any(s.kind == "recompute" for s in swaps_only.swaps)
+    assert plan.prediction.step_time_s < swaps_only.prediction.step_time_s
