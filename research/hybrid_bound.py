@@ -46,6 +46,7 @@ import numpy as np
 
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.problem import Problem
+from tfswap.core.recompute import ChainIndex
 
 
 @dataclass(frozen=True)
@@ -87,20 +88,6 @@ def _uses(cg, order) -> list[list[int]]:
     return uses
 
 
-def _members(cg, order) -> dict[int, list[tuple[int, int]]]:
-    """Each buffer's (position, op) of the ops that make it or write it in place
-    (or view it), in order."""
-    pos = {op: k for k, op in enumerate(order)}
-    members: dict[int, list[tuple[int, int]]] = {}
-    for i, t in enumerate(cg.graph.tensors):
-        b = int(cg.tensor_buffer[i])
-        if b >= 0 and t.producer in pos:
-            members.setdefault(b, []).append((pos[t.producer], t.producer))
-    for m in members.values():
-        m.sort()
-    return members
-
-
 def step_time_bound(problem: Problem, budget_bytes: int, spec: DeviceSpec,
                     order=None, *, max_rows: int = MAX_ROWS) -> Bound:
     """The LP bound (module doc) for ``problem`` in ``order`` (op ids or names;
@@ -140,7 +127,7 @@ def step_time_bound(problem: Problem, budget_bytes: int, spec: DeviceSpec,
     if not len(over):
         return Bound(ideal, ideal, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0)
 
-    members, allowed = _members(cg, order), problem.recomputable
+    chains, allowed = ChainIndex(cg, order), problem.recomputable
     if len(over) > max_rows:   # fewer rows: a lower optimum, still a bound
         keep = np.linspace(0, len(over) - 1, max_rows).round().astype(int)
         over = np.union1d(over[keep], over[[int(np.argmax(live[over]))]])
@@ -166,14 +153,10 @@ def step_time_bound(problem: Problem, budget_bytes: int, spec: DeviceSpec,
             if lo >= hi:   # frees nothing where memory is short
                 continue
             gaps += 1
-            cost = None if pers[b] else 0.0
-            for p, op in members.get(b, ()) if not pers[b] else ():
-                if p > a:
-                    break
-                if names[op] not in allowed:
-                    cost = None
-                    break
-                cost += float(op_time[op])
+            # Making the buffer's value again runs at least the ops that made it.
+            remade = () if pers[b] else chains.value_ops(cg, b, a)
+            cost = sum(float(op_time[op]) for op in remade) \
+                if remade and all(names[op] in allowed for op in remade) else None
             w = lp.var(1.0)                 # brought back (once for this gap)
             ins.append((w, nbytes[b]))
             if b not in z_of:

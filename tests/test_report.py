@@ -161,11 +161,10 @@ def test_summary_lists_what_is_recomputed_and_what_it_costs():
     import dataclasses
 
     from research.synthetic import layered_training_step
+    from tests.core.plan_checks import slow_v100
     from tfswap.core import byte_planner
-    from tfswap.core.devices import device_spec
 
-    spec = dataclasses.replace(device_spec("v100-16g-pcie3"), h2d_bytes_per_s=1e9,
-                               d2h_bytes_per_s=1e9, duplex_bytes_per_s=1.5e9)
+    spec = slow_v100(1e9, 1.5e9)
     graph = layered_training_step(300, seed=4)
     peak = byte_planner.plan(graph, 1 << 62, spec).prediction.peak_bytes
     plan = byte_planner.plan(graph, int(0.7 * peak), spec,

@@ -8,13 +8,12 @@ import pytest
 from research.hybrid_bound import NoPlanFits, step_time_bound
 from research.synthetic import layered_training_step
 from tfswap.core import planners
-from tfswap.core.devices import device_spec
 from tfswap.core.infeasible import Infeasible
 from tfswap.core.problem import Problem
 from tfswap.core.simulator import simulate
+from tests.core.plan_checks import slow_v100
 
-SLOW = dataclasses.replace(device_spec("v100-16g-pcie3"), h2d_bytes_per_s=2e9,
-                           d2h_bytes_per_s=2e9, duplex_bytes_per_s=3e9)
+SLOW = slow_v100(2e9, 3e9)
 
 
 @pytest.fixture(scope="module")

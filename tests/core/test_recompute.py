@@ -1,8 +1,6 @@
 """Recomputation in a plan (tfswap.core.recompute): round trips made recomputations
 where the simulator says the step gets faster, and what a plan records of them."""
 
-import dataclasses
-
 import pytest
 
 from research.synthetic import layered_training_step
@@ -13,10 +11,10 @@ from tfswap.core.problem import Problem
 from tfswap.core.program import from_plan, recompute_ops
 from tfswap.core.recompute import candidates, with_recomputes
 from tfswap.core.simulator import run_program, simulate
+from tests.core.plan_checks import slow_v100
 
 # A V100 whose link moves 200 MB/s: copies cost far more than elementwise ops.
-SLOW = dataclasses.replace(device_spec("v100-16g-pcie3"), h2d_bytes_per_s=200e6,
-                           d2h_bytes_per_s=200e6, duplex_bytes_per_s=400e6)
+SLOW = slow_v100(200e6, 400e6)
 
 
 @pytest.fixture(scope="module")

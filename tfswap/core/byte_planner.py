@@ -97,18 +97,37 @@ MEMORY_MODELS = ("live", "shared")
 RECOMPUTE_SHARES = (0.1, 0.5)
 
 
+class _Chains:
+    """The value chains of one order for the ops that may run again, each worked
+    out once: every bisection round and every share asks for the same ones."""
+
+    def __init__(self, cg: CompiledGraph, order, allowed: frozenset):
+        self.cg, self.allowed = cg, allowed
+        self.index = ChainIndex(cg, order)
+        self.memo: dict[tuple[int, int, int], tuple[tuple[int, ...], float] | None] = {}
+
+    def of(self, b: int, upto: int, need: int) -> tuple[tuple[int, ...], float] | None:
+        """The ops that make ``b``'s value as of ``upto`` again before ``need``, and
+        their time; None where none may (:func:`~tfswap.core.recompute.value_chain`)."""
+        key = (b, upto, need)
+        if key not in self.memo:
+            ops = value_chain(self.cg, self.index, b, upto, need, self.allowed)
+            self.memo[key] = (ops, sum(float(self.cg.op_time[op]) for op in ops)) \
+                if ops else None
+        return self.memo[key]
+
+
 class _ByteScan:
     """One pass over the schedule under a byte cap (see the module docstring)."""
 
     def __init__(self, cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec,
-                 lookahead: float | None, margin_s: float, recompute=frozenset(),
+                 lookahead: float | None, margin_s: float, chains: _Chains | None = None,
                  share: float = RECOMPUTE_SHARES[0]):
         self.cg, self.order = cg, [int(o) for o in order]
-        # Recomputation: op ids that may run again; a buffer whose value they
+        # Recomputation (``chains``: None, none): a buffer whose value its ops
         # make again for at most ``share`` of its round trip is dropped and
         # made again instead of copied (see the module doc).
-        self.allowed = frozenset(recompute)
-        self.chains = ChainIndex(cg, self.order) if self.allowed else None
+        self.chains = chains
         self.share_s_per_byte = share * (1.0 / spec.d2h_bytes_per_s + 1.0 / spec.h2d_bytes_per_s)
         self.n = n = len(self.order)
         self.never = 2 * n + 2
@@ -229,12 +248,10 @@ class _ByteScan:
         if not self.pers[b] and not self.kept[b] and self.last[b] != k:
             entry = (-self._next_use(b), k, b, self.version[b])
             heapq.heappush(self.heap, entry)
-            if self.allowed:
-                ops = value_chain(self.cg, self.chains, b, k, -entry[0], self.allowed)
-                if ops and sum(float(self.cg.op_time[op]) for op in ops) <= \
-                        self.nbytes[b] * self.share_s_per_byte:
-                    self.chain_of[b] = ops
-                    heapq.heappush(self.cheap, entry)
+            chain = self.chains.of(b, k, -entry[0]) if self.chains is not None else None
+            if chain and chain[1] <= self.nbytes[b] * self.share_s_per_byte:
+                self.chain_of[b] = chain[0]
+                heapq.heappush(self.cheap, entry)
 
     def _hold(self, b: int, first: int) -> None:
         """``b`` is on the device from position ``first`` on."""
@@ -364,6 +381,11 @@ class _ByteScan:
         return j
 
 
+def _check_lookahead(lookahead) -> None:
+    if lookahead is not None and not lookahead >= 0:
+        raise ValueError(f"lookahead must be None or >= 0 (copy times), got {lookahead!r}")
+
+
 def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_bytes: int, *,
                   lookahead: float | None = None, recency_margin_s: float = 0.0,
                   recompute=frozenset(), recompute_share: float = RECOMPUTE_SHARES[0]
@@ -381,12 +403,12 @@ def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_by
     """
     if not isinstance(cap_bytes, (int, np.integer)) or cap_bytes <= 0:
         raise ValueError(f"cap_bytes must be an int > 0 (bytes), got {cap_bytes!r}")
-    if lookahead is not None and not lookahead >= 0:
-        raise ValueError(f"lookahead must be None or >= 0 (copy times), got {lookahead!r}")
+    _check_lookahead(lookahead)
     if not recompute_share > 0:
         raise ValueError(f"recompute_share must be > 0 (of a round trip's copy time), got "
                          f"{recompute_share!r}")
-    return _ByteScan(cg, order, spec, lookahead, recency_margin_s, recompute,
+    chains = _Chains(cg, [int(o) for o in order], frozenset(recompute)) if recompute else None
+    return _ByteScan(cg, order, spec, lookahead, recency_margin_s, chains,
                      recompute_share).run(int(cap_bytes))
 
 
@@ -420,6 +442,7 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
         plan(graph, 16 << 30, spec, memory="shared").allocation.total_bytes
     """
     check_planner_arguments(budget_bytes, spec)
+    _check_lookahead(lookahead)
     if memory not in MEMORY_MODELS:
         raise ValueError(f"memory must be one of {MEMORY_MODELS}, got {memory!r}")
     if compiled is not None and compiled.graph is not graph:
@@ -433,9 +456,9 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
                                    f"than the budget of {budget_bytes}; raise the budget")
 
     allowed = frozenset(i for i, op in enumerate(graph.ops) if op.name in set(recomputable))
+    chains = _Chains(cg, [int(o) for o in order], allowed) if allowed else None
     plans, refused = [], None
-    for choice, share in [(frozenset(), 1.0)] + [(allowed, s) for s in RECOMPUTE_SHARES
-                                                  if allowed]:
+    for choice, share in [(None, 1.0)] + [(chains, s) for s in RECOMPUTE_SHARES if chains]:
         try:
             plans.append(_plan_in(graph, cg, order, room, budget_bytes, spec, choice, share,
                                   memory=memory, lookahead=lookahead, rounds=rounds))
@@ -451,11 +474,10 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     return min(plans, key=lambda p: p.prediction.step_time_s)
 
 
-def _plan_in(graph, cg, order, room, budget_bytes, spec, allowed, share, *, memory, lookahead,
+def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memory, lookahead,
              rounds):
     def attempt(cap):
-        prog = build_program(cg, order, spec, cap, lookahead=lookahead, recompute=allowed,
-                             recompute_share=share)
+        prog = _ByteScan(cg, order, spec, lookahead, 0.0, chains, share).run(int(cap))
         result, pool = _simulated(cg, order, prog, spec, memory == "shared")
         return prog, result, pool
 
