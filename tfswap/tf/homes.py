@@ -450,10 +450,15 @@ class Traffic:
     fetches: int              # prefetch swaps of its values
     fetched_bytes: int
     written_back_bytes: int   # new values copied to the host
+    # What its work on the host reads from the device that is not a new value:
+    # the indices of a gather run on the host next to the table.
+    indices_bytes: int = 0
 
     def describe(self) -> str:
+        indices = f", {self.indices_bytes} B of indices to the host" if self.indices_bytes \
+            else ""
         return (f"{self.variable} ({self.nbytes} B): fetched {self.fetches}x "
-                f"({self.fetched_bytes} B), {self.written_back_bytes} B written back")
+                f"({self.fetched_bytes} B), {self.written_back_bytes} B written back{indices}")
 
 
 def traffic(captured: CapturedFunction, plan, writebacks: dict) -> tuple[Traffic, ...]:
@@ -499,14 +504,16 @@ def traffic(captured: CapturedFunction, plan, writebacks: dict) -> tuple[Traffic
         variable = variable_of(swap.tensor.partition(":")[0]) if swap.kind == "prefetch" \
             else None
         if variable is not None:
-            row = moved.setdefault(id(variable), [variable, 0, 0, 0])
+            row = moved.setdefault(id(variable), [variable, 0, 0, 0, 0])
             row[1] += 1
             row[2] += swap.bytes
     for op, nbytes in writebacks.items():
         variable = variable_of(op)
         if variable is not None:
-            moved.setdefault(id(variable), [variable, 0, 0, 0])[3] += nbytes
-    rows = [Traffic(v.name.partition(":")[0], _nbytes(v), n, f, b) for v, n, f, b in
+            # A gather on the host reads its indices from the device, not a new value.
+            gather = op in nodes and nodes[op].op in ("GatherV2", "ResourceGather")
+            moved.setdefault(id(variable), [variable, 0, 0, 0, 0])[4 if gather else 3] += nbytes
+    rows = [Traffic(v.name.partition(":")[0], _nbytes(v), n, f, b, i) for v, n, f, b, i in
             moved.values()]
     return tuple(sorted(rows, key=lambda r: (-(r.fetched_bytes + r.written_back_bytes),
                                              r.variable)))
