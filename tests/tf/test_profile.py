@@ -65,6 +65,29 @@ def test_isolated_never_needs_the_whole_step_at_once(cnn):
         assert prof.op(name).source == "isolated"
 
 
+@pytest.fixture
+def op_determinism():
+    """tf.config.experimental.enable_op_determinism() for one test, then off again
+    (TensorFlow has no public switch back; its own tests use this one)."""
+    import tensorflow as tf
+    from tensorflow.python.framework import config
+
+    tf.config.experimental.enable_op_determinism()
+    try:
+        yield
+    finally:
+        config.disable_op_determinism()
+
+
+def test_isolated_profile_runs_under_op_determinism(cnn, op_determinism):
+    # Seen on a GPU inside a budget arena: the step did not fit, the profile fell
+    # back to isolated, and its unseeded random stand-ins were refused.
+    _, captured = cnn
+    prof = profile.isolated(captured, runs=1, warmup=0)
+    for name in _conv_names(captured):
+        assert prof.op(name).source == "isolated" and prof.op(name).time_s > 0
+
+
 def test_analytic_covers_every_node(cnn):
     _, captured = cnn
     prof = profile.analytic(captured, "a100-40g-pcie4")

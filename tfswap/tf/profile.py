@@ -307,6 +307,10 @@ def analytic(captured: CapturedFunction, spec: str | DeviceSpec, graph_def=None,
 
 
 _FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+# Seeds of the isolated profile's random stand-ins: explicit, so that the profile
+# runs under op determinism (which refuses unseeded random ops) and gives the
+# same stand-ins every time.
+_STAND_IN_SEED = (1, 2)
 _STATIC_VALUE_BYTES = 1024   # small known inputs (shapes, axes, scalars) are fed as constants
 
 
@@ -371,7 +375,10 @@ def _input_nodes(prefix: str, tensor: tf.Tensor, variables: dict, device: str,
                                    input=[shape_node.name], attr={
             "dtype": attr_value_pb2.AttrValue(type=dtype.as_datatype_enum),
             "T": attr_value_pb2.AttrValue(type=tf.int64.as_datatype_enum),
-            "seed": attr_value_pb2.AttrValue(i=0), "seed2": attr_value_pb2.AttrValue(i=0)})
+            # A fixed, non-zero seed: under tf.config.experimental.enable_op_determinism()
+            # a random op whose seeds are both 0 refuses to run.
+            "seed": attr_value_pb2.AttrValue(i=_STAND_IN_SEED[0]),
+            "seed2": attr_value_pb2.AttrValue(i=_STAND_IN_SEED[1])})
         return [shape_node, gen]
     # Integers and booleans of unknown value (labels, indices): zeros are valid
     # indices for every gather, segment and label op; divisors get ones.
@@ -461,7 +468,8 @@ def isolated(captured: CapturedFunction, runs: int = 3, warmup: int = 1, device:
                 if t.dtype == tf.resource:
                     var = variables[t.name]
                     handle = iso.get_tensor_by_name(f"{name}/in{j}:0")
-                    value = tf.random.uniform(var.shape, dtype=var.dtype) \
+                    value = tf.random.stateless_uniform(
+                        var.shape, seed=_STAND_IN_SEED, dtype=var.dtype) \
                         if var.dtype.name in _FLOATS else tf.zeros(var.shape, var.dtype)
                     inits.append(tf.raw_ops.AssignVariableOp(resource=handle, value=value))
         nbytes = sum(tensor_bytes(t) for t in list(op.inputs) + list(op.outputs))
