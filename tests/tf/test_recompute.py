@@ -12,7 +12,7 @@ import tfswap
 from tfswap import zoo
 from tfswap.core.devices import cpu_emulated
 from tfswap.core.plan import Plan, Swap
-from tfswap.tf import capture, emulate, recomputable, rewrite, runtime
+from tfswap.tf import capture, emulate, grappler, recomputable, rewrite, runtime
 from tests.tf.test_homes import assert_trains_like_the_unmodified_step, device_peak
 
 # A link of 50 MB/s each way: moving an activation costs far more than
@@ -78,6 +78,28 @@ def test_ops_that_would_compute_something_else_are_never_offered():
     random = [n for n in captured.graph_def.node if "Random" in n.op]
     assert random and not {n.name for n in random} & offered
     assert any(n.op == "Relu" and n.name in offered for n in captured.graph_def.node)
+
+
+def _conv_then_bias(device: str):
+    """A Conv2D and the BiasAdd of its output, both placed on ``device``."""
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(device):
+        x = tf.compat.v1.placeholder(tf.float32, (1, 8, 8, 3), name="x")
+        w = tf.constant(np.ones((3, 3, 3, 4), np.float32), name="w")
+        b = tf.constant(np.ones((4,), np.float32), name="b")
+        conv = tf.nn.conv2d(x, w, strides=1, padding="SAME", name="conv")
+        tf.nn.bias_add(conv, b, name="bias")
+    return graph.as_graph_def()
+
+
+@pytest.mark.skipif(not grappler.runtime_merges("/device:CPU:0"),
+                    reason="this TensorFlow runs no oneDNN pass")
+def test_a_convolution_and_its_bias_are_kept_apart_only_where_onednn_merges_them():
+    # On a CPU the oneDNN pass runs the pair as one kernel, and a second reader of
+    # the convolution would stop that; on a GPU nothing merges them, and refusing
+    # them there kept a ResNet-50 plan on the H200 from recomputing its activations.
+    assert recomputable.merged(_conv_then_bias("/device:CPU:0")) == {"conv", "bias"}
+    assert recomputable.merged(_conv_then_bias("/device:GPU:0")) == frozenset()
 
 
 @pytest.mark.parametrize("kind", ["ReadVariableOp", "RandomUniform"])

@@ -54,7 +54,8 @@ FUNCTIONAL = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case", 
 
 def merged(graph_def) -> frozenset:
     """The ops TensorFlow's oneDNN pass merges with a neighbour at run time (a
-    convolution and the ``Pad`` it reads; :mod:`tfswap.tf.grappler`)."""
+    convolution and the ``Pad`` it reads, or the ``BiasAdd`` of its output), on
+    the devices where it runs (CPUs: :func:`tfswap.tf.grappler.runtime_merges`)."""
     from tfswap.tf import grappler
 
     pads = {name for pair in grappler.pads_into_convs(graph_def) for name in pair}
@@ -63,7 +64,10 @@ def merged(graph_def) -> frozenset:
     for node in graph_def.node:   # a convolution and the BiasAdd of its output
         if node.op == "BiasAdd" and node.input:
             source = nodes.get(node.input[0].partition(":")[0])
-            if source is not None and source.op in CONVOLUTIONS:
+            # The pass touches CPU ops only: on a GPU both may run again (on the
+            # H200, refusing them there left ResNet-50 with 8 recomputed tensors).
+            if source is not None and source.op in CONVOLUTIONS \
+                    and grappler.runtime_merges(source.device):
                 biases.update((node.name, source.name))
     return frozenset(pads | biases)
 
