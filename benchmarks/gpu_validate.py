@@ -38,6 +38,15 @@ each 10), variables put back afterwards.  With ``--verify-rounds 0`` optimize
 trusts its memory model, so the predicted and measured columns are the
 model's accuracy.
 
+Per row the jsonl also says what tells a model error from a run-time effect
+(:func:`explain`): ``stats_peak_bytes``, the rewritten step's peak from its
+step stats (allocation records in host order: no allocator rounding, no frees
+waiting for a copy), ``profile_peak_bytes`` the unmodified step's the same
+way, and ``executed_added_types``, the op types the run executed that the
+rewritten graph does not hold (layout transposes, fusions).  A measured peak
+over the stats peak points at the allocator or at timing; a stats peak over
+the prediction, at the memory model or at a graph the device changed.
+
 ``--arena`` (issue #19, point 6): the pool allocator in one process.  Each row
 runs in a process of its own whose GPU allocates everything from a budget arena
 of the row's budget (``tfswap.ops.allocator.install_gpu_arena``, before
@@ -169,6 +178,32 @@ def peak(fn, graph_def, batch, captured, device, method) -> tuple[int, str]:
         value = max(measure.measure(captured, graph_def, batch).peak_bytes for _ in range(2))
         return value, f"step stats of the emulated device {device}, worst of 2 sessions"
     raise RuntimeError(f"this process cannot measure the peak of {device}")
+
+
+def explain(fast, batch, device) -> dict:
+    """What tells the memory model's error from a run-time effect, per row: the
+    rewritten step's peak from its step stats (the executor's allocation records,
+    in the order the host made them, so no allocator rounding and no frees that
+    wait for a copy stream), the unmodified step's the same way (the profile's),
+    and the op types the run executed that the rewritten graph does not hold
+    (what Grappler and the runtime add on this device: layout transposes,
+    fusions, sends)."""
+    from collections import Counter
+
+    from tfswap.tf import measure
+
+    m = measure.measure(fast.captured, fast.graph_def, batch, runs=2, device=device)
+    # The measuring session feeds the step's placeholders from variables and
+    # arguments of its own: those nodes are the harness's, not the step's.
+    harness = {"VarHandleOp", "_Arg", "_Retval", "Placeholder"}
+    names = {n.name for n in fast.graph_def.node if n.op not in harness}
+    added = Counter(t for n, t in m.executed_types.items() if n not in names and t not in harness)
+    return dict(stats_peak_bytes=m.peak_bytes,
+                profile_peak_bytes=fast.lowered.profile.peak_bytes,
+                executed_added_types=dict(added.most_common(12)),
+                executed_added_nodes=sum(added.values()),
+                rewritten_nodes_not_executed=sum(1 for n in names
+                                                 if n not in m.executed_types))
 
 
 def plan_fields(fast) -> dict:
@@ -315,6 +350,10 @@ def run_model(name: str, args) -> None:
                 fast, fast.graph_def, step.batch, fast.captured, device, method)
             row["measured_step_s"] = step_time(fast, step.batch, fast.captured.variables,
                                                **timing)
+            try:
+                row.update(explain(fast, step.batch, device))
+            except Exception as err:   # a diagnostic; the row stands without it
+                row["explain_error"] = f"{type(err).__name__}: {err}"[:1000]
             variables = fast.captured.variables
             if reference is not None:
                 row["moved_bytes"] = fast.relocation.nbytes if fast.relocation else 0

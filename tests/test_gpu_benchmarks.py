@@ -47,6 +47,10 @@ def test_gpu_validate_writes_one_row_within_its_budget(tmp_path):
     details = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
     assert details[0]["model"] == "cnn" and "error" not in details[0]
     assert "emulated device" in details[0]["measured_how"]
+    # What tells a model error from a run-time effect on a GPU (docs/gpu.md).
+    assert "explain_error" not in details[0], details[0].get("explain_error")
+    assert details[0]["stats_peak_bytes"] > 0 and details[0]["profile_peak_bytes"] > 0
+    assert isinstance(details[0]["executed_added_types"], dict)
     # Merging the CSVs of several calls keeps the columns and the rows.
     merged = tmp_path / "merged.csv"
     _run("benchmarks/gpu_validate.py", "--merge", str(out), str(out), "--out", str(merged))
