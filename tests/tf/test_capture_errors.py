@@ -52,3 +52,27 @@ def test_emulation_after_devices_exist_fails_clearly():
             "    print('REFUSED', 'right after `import tensorflow`' in str(e))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "REFUSED True" in out.stdout
+
+
+def test_a_step_replicated_by_a_distribution_strategy_is_refused():
+    # Planning the first replica's device alone would leave the others over budget.
+    import tfswap
+
+    strategy = tf.distribute.MirroredStrategy(["/device:CPU:0", "/device:CPU:1"])
+    with strategy.scope():
+        w = tf.Variable(tf.ones([4, 2]))
+
+    @tf.function
+    def step(x):
+        def replica(xb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.matmul(xb, w))
+            grad = tf.distribute.get_replica_context().all_reduce("SUM", tape.gradient(loss, w))
+            return loss + tf.reduce_sum(grad)
+        return strategy.reduce("SUM", strategy.run(replica, args=(x,)), axis=None)
+
+    cf = step.get_concrete_function(tf.TensorSpec([3, 4]))
+    with pytest.raises(CaptureError, match=r"replicated over several devices \(collective"):
+        capture(cf, device="/device:CPU:0")
+    with pytest.raises(CaptureError, match="Optimize the step of one replica"):
+        tfswap.optimize(cf, memory_budget="1MiB", generations=1)

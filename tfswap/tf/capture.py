@@ -217,6 +217,7 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
 
     control_outputs = tuple(op.name for op in graph.control_outputs)
     graph_def = graph.as_graph_def(add_shapes=True)
+    _refuse_replicated(graph_def, device)
     _describe_handles(graph_def, captures)
     if optimize:
         graph_def = grappler.optimize(graph_def, fetches, control_outputs, device)
@@ -235,6 +236,40 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
         device=device,
         grappler_optimized=optimize,
     )
+
+
+# Ops through which replicas of a tf.distribute step exchange values (all-reduce,
+# gather, broadcast; NCCL's on GPUs).
+COLLECTIVE_OPS = frozenset({
+    "CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3", "CollectiveGather",
+    "CollectiveGatherV2", "CollectiveBcastSend", "CollectiveBcastRecv",
+    "CollectiveBcastSendV2", "CollectiveBcastRecvV2", "CollectiveAllToAllV2",
+    "CollectiveAllToAllV3", "NcclAllReduce", "NcclReduce", "NcclBroadcast"})
+
+
+def _refuse_replicated(graph_def, device: str) -> None:
+    """Raise :class:`CaptureError` for a step replicated over several devices
+    (``strategy.run`` under a ``tf.distribute`` strategy): tfswap plans the one
+    device a step runs on, and would leave every other replica unplanned and
+    over its budget without saying so."""
+    def functions_too():
+        yield from graph_def.node
+        for fn in graph_def.library.function:
+            yield from fn.node_def
+
+    collectives = sorted({n.op for n in functions_too() if n.op in COLLECTIVE_OPS})
+    kind = tf.DeviceSpec.from_string(device).device_type
+    others = sorted({n.device for n in graph_def.node if n.device and kind != "CPU"
+                     and tf.DeviceSpec.from_string(n.device).device_type == kind
+                     and not same_device(n.device, device)})
+    if collectives or others:
+        found = (f"collective ops {collectives}" if collectives else
+                 f"ops on {others} as well as on {device}")
+        raise CaptureError(
+            f"the step is replicated over several devices ({found}: a tf.distribute "
+            "strategy's strategy.run); tfswap plans one device per step and does not plan "
+            "replicated steps yet. Optimize the step of one replica, outside the strategy, "
+            "or train without the strategy.")
 
 
 def _describe_handles(graph_def, captures) -> None:
