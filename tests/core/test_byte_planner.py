@@ -114,6 +114,33 @@ def test_shared_search_keeps_the_faster_of_its_two_planners(step):
     assert res.best_evaluation.step_time_s == res.plan.prediction.step_time_s
 
 
+def test_the_shared_search_chooses_among_its_candidates_after_the_polishing_pass(step):
+    # The recomputation pass can turn a candidate that was slower before it into
+    # the fastest; so every candidate is polished, and the choice comes after.
+    import dataclasses
+
+    from tfswap.core import shared_search
+
+    g, peak = step
+    budget = int(peak * 0.6)
+    cfg = SearchConfig(max_generations=2, time_budget_s=None, seed=0, workers=1,
+                       pool_layout="shared", layout_rounds=2, byte_planner=True)
+    polished = []
+
+    def polish(plan):   # the last candidate polished comes out fastest
+        polished.append(plan)
+        return dataclasses.replace(plan, prediction=dataclasses.replace(
+            plan.prediction, step_time_s=1.0 / len(polished)))
+
+    res = ga_plan(g, budget, SPEC, config=cfg, polish=polish)
+    planners = [p.planner for p in polished]
+    # The genetic search's best, and the byte planner's plans for each prefetch rule.
+    assert planners[0] == PLANNER_NAME
+    assert planners.count("bytes.shared") >= len(shared_search.BYTE_LOOKAHEADS)
+    assert res.plan.prediction.step_time_s == 1.0 / len(polished)
+    assert res.plan.swaps == polished[-1].swaps and res.plan.planner == BYTES_PLANNER_NAME
+
+
 def test_parameters_starting_on_the_host_leave_the_shared_search_to_the_class_planner():
     # The byte planner keeps parameters on the device; with parameters that start
     # the step on the host its plans would be wrong, so the search never takes one.

@@ -153,3 +153,28 @@ def test_a_chain_never_makes_again_what_the_step_still_holds():
     prog = canonical(prog.order, prog.resident, outs, ins, ())
     ops = _chain(cg, prog, prog.ins[0], ChainIndex(cg, prog.order))
     assert [cg.graph.ops[o].name for o in ops] == ["scores2", "probs2"]
+
+
+@pytest.mark.parametrize("lookahead", [None, 4.0])
+def test_a_round_trip_brought_back_early_for_another_recomputation_stays_a_round_trip(
+        lookahead):
+    # The byte planner remakes fwd29 before dw30 from fwd28, whose swap-in is
+    # therefore brought back for that remake, earlier than for its own reader.
+    # Made a recomputation, fwd28 would be made again right before its own reader
+    # (a plan has no other place for it), too late for fwd29: the saved plan did
+    # not run (the simulator: "reads 'fwd28:0', which is not on the device").
+    from tfswap.core import byte_planner
+
+    graph = layered_training_step(300, seed=1)
+    problem = Problem.of(graph, recomputable=[op.name for op in graph.ops])
+    peak = planners.run("tfswap.order", problem, 1 << 62, SLOW).plan.prediction.peak_bytes
+    budget = int(0.6 * peak)
+    variants = byte_planner.variants(graph, budget, SLOW, compiled=problem.compiled,
+                                     memory="shared", recomputable=problem.recomputable,
+                                     lookahead=lookahead)
+    assert any(s.kind == "recompute" for v in variants for s in v.swaps)
+    for plan in variants:
+        hybrid = with_recomputes(problem, plan, SLOW, budget)
+        again = simulate(graph, hybrid, SLOW, keep=problem.keep, compiled=problem.compiled)
+        assert again.step_time_s == pytest.approx(hybrid.prediction.step_time_s)
+        assert again.peak_bytes <= budget

@@ -425,7 +425,8 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
          compiled: CompiledGraph | None = None, small_threshold_bytes: int = 1 << 20,
          memory: str = "live", lookahead: float | None = None, rounds: int = 12,
          recomputable=()) -> Plan:
-    """Plan ``graph`` in ``schedule`` (default: TF's order) under a byte cap.
+    """Plan ``graph`` in ``schedule`` (default: TF's order) under a byte cap: the
+    fastest of :func:`variants`.
 
     ``memory="live"``: the cap is the budget less the small pool, and the plan
     fits when its simulated live bytes do (the baselines' model).  ``"shared"``:
@@ -440,6 +441,29 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
 
         plan(graph, 16 << 30, spec).prediction.step_time_s
         plan(graph, 16 << 30, spec, memory="shared").allocation.total_bytes
+    """
+    return min(variants(graph, budget_bytes, spec, schedule=schedule, keep=keep,
+                        compiled=compiled, small_threshold_bytes=small_threshold_bytes,
+                        memory=memory, lookahead=lookahead, rounds=rounds,
+                        recomputable=recomputable),
+               key=lambda p: p.prediction.step_time_s)
+
+
+def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
+             schedule: Sequence[str] | None = None, keep: Sequence[str] = (),
+             compiled: CompiledGraph | None = None, small_threshold_bytes: int = 1 << 20,
+             memory: str = "live", lookahead: float | None = None, rounds: int = 12,
+             recomputable=()) -> list[Plan]:
+    """Every plan :func:`plan` chooses from (arguments as there): without
+    recomputation, and with it at each of :data:`RECOMPUTE_SHARES` when
+    ``recomputable`` names ops.  For a caller that improves each further before
+    choosing (the shared search's recomputation pass).  Raises
+    :class:`~tfswap.core.infeasible.InfeasibleAllocation` when none fits.
+
+    Example::
+
+        fastest = min(variants(graph, 16 << 30, spec, recomputable=ops),
+                      key=lambda p: p.prediction.step_time_s)
     """
     check_planner_arguments(budget_bytes, spec)
     _check_lookahead(lookahead)
@@ -471,7 +495,7 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
                           stacklevel=2)
     if not plans:
         raise refused
-    return min(plans, key=lambda p: p.prediction.step_time_s)
+    return plans
 
 
 def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memory, lookahead,

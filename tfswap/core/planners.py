@@ -122,18 +122,17 @@ def genetic(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
     plan's round trips that are cheaper to compute again are made
     recomputations (:func:`tfswap.core.recompute.with_recomputes`), for the ops
     ``problem.recomputable`` names."""
+    # The pass runs on every candidate, not only on the fastest before it.
+    polish = (lambda plan: with_recomputes(problem, plan, spec, budget_bytes)) \
+        if recompute else None
     res = search.plan(problem.graph, budget_bytes, spec, config=config,
                       initial_schedule=problem.schedule, keep=problem.keep,
                       recency_margin_s=recency_margin_s,
                       params_start_on_host=problem.params_start_on_host,
                       small_threshold_bytes=problem.small_threshold_bytes,
                       compiled=problem.compiled,
-                      recomputable=problem.recomputable if recompute else ())
-    if not recompute:
-        return PlanResult(res.plan, res)
-    hybrid = with_recomputes(problem, res.plan, spec, budget_bytes)
-    return PlanResult(hybrid, dataclasses.replace(res, plan=hybrid) if hybrid is not res.plan
-                      else res)
+                      recomputable=problem.recomputable if recompute else (), polish=polish)
+    return PlanResult(res.plan, res)
 
 
 @register("swapadvisor")

@@ -154,6 +154,12 @@ def candidates(problem: Problem, prog, spec: DeviceSpec) -> list[tuple[float, in
     for i, r in enumerate(prog.ins):
         if r.own_out < 0 or not prog.outs[r.own_out].copy or cg.buf_persistent[r.buf]:
             continue
+        op = prog.order[r.need]
+        if r.buf not in cg.op_in[cg.op_in_ptr[op]:cg.op_in_ptr[op + 1]]:
+            # Brought back early for another recomputation's ops (inputs_back).  A
+            # plan makes a value again right before its own reader, so made again it
+            # would come too late for those ops.
+            continue
         ops = _chain(cg, prog, r, index)
         if not ops or any(cg.graph.ops[op].name not in allowed for op in ops):
             continue
