@@ -154,8 +154,8 @@ def candidates(problem: Problem, prog, spec: DeviceSpec) -> list[tuple[float, in
     for i, r in enumerate(prog.ins):
         if r.own_out < 0 or not prog.outs[r.own_out].copy or cg.buf_persistent[r.buf]:
             continue
-        op = prog.order[r.need]
-        if r.buf not in cg.op_in[cg.op_in_ptr[op]:cg.op_in_ptr[op + 1]]:
+        reader = prog.order[r.need]
+        if r.buf not in cg.op_in[cg.op_in_ptr[reader]:cg.op_in_ptr[reader + 1]]:
             # Brought back early for another recomputation's ops (inputs_back).  A
             # plan makes a value again right before its own reader, so made again it
             # would come too late for those ops.

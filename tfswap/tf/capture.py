@@ -259,9 +259,11 @@ def _refuse_replicated(graph_def, device: str) -> None:
 
     collectives = sorted({n.op for n in functions_too() if n.op in COLLECTIVE_OPS})
     kind = tf.DeviceSpec.from_string(device).device_type
-    others = sorted({n.device for n in graph_def.node if n.device and kind != "CPU"
-                     and tf.DeviceSpec.from_string(n.device).device_type == kind
-                     and not same_device(n.device, device)})
+    # On a CPU device the host is a CPU too, so only collectives tell replicas apart.
+    others = [] if kind == "CPU" else sorted(
+        {n.device for n in graph_def.node if n.device
+         and tf.DeviceSpec.from_string(n.device).device_type == kind
+         and not same_device(n.device, device)})
     if collectives or others:
         found = (f"collective ops {collectives}" if collectives else
                  f"ops on {others} as well as on {device}")
