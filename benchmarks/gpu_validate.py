@@ -346,6 +346,7 @@ def run_model(name: str, args) -> None:
                                    parameters="auto" if homes == "auto" else "device")
             row["plan_s"] = time.perf_counter() - start
             row.update(plan_fields(fast))
+            save_problem(args.out, name, fraction, fast)
             row["measured_peak_bytes"], row["measured_how"] = peak(
                 fast, fast.graph_def, step.batch, fast.captured, device, method)
             row["measured_step_s"] = step_time(fast, step.batch, fast.captured.variables,
@@ -375,6 +376,28 @@ def run_model(name: str, args) -> None:
 
 
 # ---------------------------------------------------------------- --arena
+
+
+def problems_path(out, name: str) -> Path:
+    return Path(out).with_suffix(f".{name}.problems.pkl")
+
+
+def save_problem(out, name: str, fraction: float, fast) -> None:
+    """Add this row's planning problem (the lowered step with the device's profile), its
+    device spec, budget and plan to ``<out>.<model>.problems.pkl``, so that a plan made
+    on a GPU can be searched again, simulated and studied on a machine without one::
+
+        rows = pickle.load(open("gv.resnet50.problems.pkl", "rb"))
+        problem, spec, budget = rows[0]["problem"], DeviceSpec.from_json(rows[0]["spec"]), ...
+    """
+    import pickle
+
+    path = problems_path(out, name)
+    rows = pickle.loads(path.read_bytes()) if path.exists() else []
+    rows.append(dict(fraction=fraction, budget_bytes=fast.budget_bytes,
+                     problem=fast.problem, spec=fast.spec.to_json(),
+                     plan=fast.plan.to_json()))
+    path.write_bytes(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def reference_path(out, name: str) -> Path:

@@ -51,6 +51,20 @@ def test_gpu_validate_writes_one_row_within_its_budget(tmp_path):
     assert "explain_error" not in details[0], details[0].get("explain_error")
     assert details[0]["stats_peak_bytes"] > 0 and details[0]["profile_peak_bytes"] > 0
     assert isinstance(details[0]["executed_added_types"], dict)
+    # The row's planning problem is saved: the plan simulates again to its prediction
+    # here, without TensorFlow's device (how a GPU's plans are studied on a CPU).
+    import pickle
+
+    from tfswap.core import simulator
+    from tfswap.core.devices import DeviceSpec
+    from tfswap.core.plan import Plan
+
+    saved = pickle.loads(out.with_suffix(".cnn.problems.pkl").read_bytes())
+    assert [r["fraction"] for r in saved] == [0.5]
+    problem, plan = saved[0]["problem"], Plan.from_json(saved[0]["plan"])
+    again = simulator.simulate(problem.graph, plan, DeviceSpec.from_json(saved[0]["spec"]),
+                               keep=problem.keep, compiled=problem.compiled)
+    assert again.step_time_s == pytest.approx(float(row["predicted_step_s"]), rel=1e-5)
     # Merging the CSVs of several calls keeps the columns and the rows.
     merged = tmp_path / "merged.csv"
     _run("benchmarks/gpu_validate.py", "--merge", str(out), str(out), "--out", str(merged))

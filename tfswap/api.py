@@ -41,7 +41,10 @@ class OptimizedFunction:
     ``feeds``, ``fetches``: the rewritten graph, to inspect or measure it
     independently (``tfswap.tf.measure.measure(fast.captured, fast.graph_def, inputs)``).
     ``search``: the genetic search's result (history, heuristic time), None
-    when nothing had to be searched.
+    when nothing had to be searched.  ``problem``: the
+    :class:`tfswap.core.problem.Problem` the planner solved (the lowered step
+    with its profile; None for a loaded plan), which the core's planners and
+    simulator take on a machine without TensorFlow or the device.
     """
 
     plan: Plan
@@ -59,6 +62,7 @@ class OptimizedFunction:
     measured_peak_bytes: int | None = None   # when optimize verified the plan by running it
     measured_on: str | None = None   # what measured_peak_bytes is: the device and the method
     relocation: Any = None   # the user's variables this call moved to host memory, if any
+    problem: Any = None
 
     def parameter_traffic(self) -> tuple:
         """Per variable in host memory, what one step fetches and writes back, the most
@@ -261,7 +265,7 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
         budget_bytes=prepared.budget_bytes, device=prepared.device, host=prepared.host,
         search=planned.search, profile=prepared.profile, notes=notes,
         measured_peak_bytes=verified.measured_peak_bytes, measured_on=verified.measured_on,
-        relocation=prepared.relocation)
+        relocation=prepared.relocation, problem=planned.attempt.step.problem)
 
 
 def parameters_text(plan: Plan, lowered, captured) -> str:

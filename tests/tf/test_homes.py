@@ -134,6 +134,26 @@ def test_moving_keeps_the_users_objects_and_frees_the_device_buffer():
     np.testing.assert_array_equal(kernel.numpy(), value + 1)
 
 
+def test_moving_passes_over_objects_that_refuse_every_attribute(tmp_path):
+    """The move looks at every object in the process; one whose attributes all
+    raise (an open ``np.load`` archive's ``.f``, found on a GPU run) is not a
+    function or variable and must not stop it."""
+    np.savez(tmp_path / "a.npz", a=np.zeros(2))
+    archive = np.load(tmp_path / "a.npz")
+    refusing = archive.f
+    with pytest.raises(AttributeError):
+        refusing.__class__
+    module, twin = _module(), _module()
+    x = tf.ones([2, 8])
+    moved = homes.move_to_host([module.v], emulate.HOST)
+    assert on_host(module.v)
+    np.testing.assert_array_equal(module.f(x), twin.f(x))
+    moved.undo()
+    assert not on_host(module.v)
+    np.testing.assert_array_equal(module.f(x), twin.f(x))
+    archive.close()
+
+
 def _module():
     module = tf.Module()
     module.v = tf.Variable(tf.reshape(tf.range(64, dtype=tf.float32), [8, 8]))

@@ -218,7 +218,10 @@ def follow(moves: dict, to_host: bool) -> int:
     kinds = (ConcreteFunction, BoundFunction, BaseResourceVariable)
     functions, plans, changed = [], set(), 0
     for obj in gc.get_objects():
-        if not isinstance(obj, kinds):
+        # By type, not isinstance: isinstance may ask the object for its
+        # __class__, and some objects refuse (numpy's NpzFile.f raises
+        # AttributeError for every attribute).
+        if not issubclass(type(obj), kinds):
             continue
         if isinstance(obj, ConcreteFunction):
             if any(id(c) in moves for c in obj._captured_inputs):
