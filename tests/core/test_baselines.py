@@ -34,7 +34,9 @@ def test_plan_is_what_the_simulator_runs_within_budget(step, name):
     try:
         p = BASELINES[name](g, budget, SPEC)
     except Infeasible as err:
-        assert name in ("no_swap", "vdnn_conv", "vdnn_all"), f"{name}: {err}"
+        # Recomputation alone keeps every input it recomputes from: on this
+        # step it gets to 83% of the peak (43% of which is parameters), not 80%.
+        assert name in ("no_swap", "vdnn_conv", "vdnn_all", "recompute"), f"{name}: {err}"
         assert err.need_bytes is None or err.need_bytes > budget
         return
     result = simulate(g, p, SPEC)
@@ -148,6 +150,24 @@ def test_capuchin_swaps_the_tensor_with_the_most_free_time_first():
     no_rec = baselines.capuchin(g, peak - 32 * MB, slow, recompute=False)
     assert no_rec.swaps and {s.kind for s in no_rec.swaps} == {"round_trip"}
     assert no_rec.prediction.step_time_s > result.step_time_s
+
+
+def test_recompute_only_moves_nothing_and_pays_in_compute():
+    g = _chain(times_s=0.05, nbytes=64 * MB)
+    peak = baselines.ideal(g, 1, SPEC).prediction.peak_bytes
+    # Capuchin swaps here (the link hides the copy); recomputation alone does not.
+    r = baselines.recompute_only(g, peak - 32 * MB, SPEC)
+    assert {s.kind for s in r.swaps} == {"recompute"} and r.planner == "baseline.recompute"
+    result = simulate(g, r, SPEC)
+    assert result.peak_bytes <= peak - 32 * MB
+    assert result.d2h_bytes == result.h2d_bytes == 0
+    recomputed = sum(g.op(s.tensor.rpartition(":")[0]).time_s for s in r.swaps)
+    assert result.step_time_s == pytest.approx(result.ideal_time_s + recomputed)
+    # What recomputation cannot free (every forward output dropped at once would
+    # leave no inputs to recompute from) is refused with what it still needs.
+    with pytest.raises(Infeasible, match="recompute: the step still needs") as err:
+        baselines.recompute_only(g, peak // 3, SPEC)
+    assert err.value.need_bytes > peak // 3
 
 
 def test_recompute_swap_validation():

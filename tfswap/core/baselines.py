@@ -25,6 +25,8 @@ policy needed.  ``BASELINES`` maps names to policies, for the benchmarks.
   still arrives in time); swaps that FT hides come first, then
   recomputation ranked by memory saved per second (MSPS), then swaps that
   stall; each added only while some step still exceeds the budget.
+* ``recompute``: recomputation alone (activation checkpointing's trade):
+  Capuchin's MSPS-ranked recomputation without its swaps.
 
 Parameters stay on the device in every policy but ``odswap`` (vDNN, TFLMS and
 Capuchin swap activations only), and every policy keeps TF's operator order.
@@ -368,9 +370,10 @@ def tflms(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     return s.plan(prog, result, f"baseline.tflms(N={n},K={k})")
 
 
-def _capuchin_choice(s: _Setting, target: int, recompute: bool):
+def _capuchin_choice(s: _Setting, target: int, recompute: bool, swap: bool = True):
     """Swaps and recomputations chosen against the live-bytes profile (no swaps) for
-    ``target`` bytes: (outs, ins, recomputes, op waits)."""
+    ``target`` bytes: (outs, ins, recomputes, op waits).  ``swap`` False:
+    recomputations only."""
     cg = s.cg
     n = len(s.order)
     istart, iend = np.asarray(s.istart), np.asarray(s.iend)
@@ -431,7 +434,7 @@ def _capuchin_choice(s: _Setting, target: int, recompute: bool):
                 waits.append((q, len(outs) - 1))
 
     for cand in swaps:
-        if live.max() <= target:
+        if live.max() <= target or not swap:
             break
         if cand[0] >= 0:
             add_swap(*cand)
@@ -457,7 +460,7 @@ def _capuchin_choice(s: _Setting, target: int, recompute: bool):
                 outs.append(OutRec(b, a, False))
                 recs.append(RecomputeRec(b, len(outs) - 1, c))
     for cand in swaps:
-        if live.max() <= target:
+        if live.max() <= target or not swap:
             break
         add_swap(*cand, stall=True)
     return outs, ins, recs, waits
@@ -482,18 +485,50 @@ def capuchin(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     """
     s = _Setting(graph, budget_bytes, spec, schedule, keep, compiled, small_threshold_bytes,
                  memory)
+    return _lowered_targets(s, "capuchin", rounds,
+                            lambda target: _capuchin_choice(s, target, recompute))
+
+
+def recompute_only(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
+                   schedule: Sequence[str] | None = None, keep: Sequence[str] = (),
+                   compiled: CompiledGraph | None = None, small_threshold_bytes: int = 1 << 20,
+                   rounds: int = 6, memory: str = "live") -> Plan:
+    """Recomputation alone, nothing crosses the link: what activation
+    checkpointing and greedy rematerialization give.  Capuchin's recomputation
+    without its swaps: an activation is dropped after its use before the
+    longest gap and its producer runs again before the use after it, from
+    inputs that are on the device then (those inputs are never dropped);
+    ranked by memory saved per second of compute, each added while the live
+    bytes still exceed the budget somewhere; a too-high simulated peak lowers
+    the target (``rounds`` times at most), as in :func:`capuchin`.
+
+    Example::
+
+        plan = recompute_only(graph, 8 << 30, spec)
+        {s.kind for s in plan.swaps}      # {"recompute"}
+    """
+    s = _Setting(graph, budget_bytes, spec, schedule, keep, compiled, small_threshold_bytes,
+                 memory)
+    return _lowered_targets(s, "recompute", rounds,
+                            lambda target: _capuchin_choice(s, target, True, swap=False))
+
+
+def _lowered_targets(s: _Setting, name: str, rounds: int, choose) -> Plan:
+    """The plan of ``choose(target)`` (outs, ins, recomputes, op waits) for the
+    budget, and while its simulated need is over, for a target lowered by the
+    excess."""
     target, peak = s.budget, None
     for _ in range(rounds):
-        outs, ins, recs, waits = _capuchin_choice(s, target, recompute)
+        outs, ins, recs, waits = choose(target)
         prog = s.program(outs, ins, recs, waits)
         result = s.simulate(prog)
         peak = s.need(result)
         if peak <= s.budget:
-            return s.plan(prog, result, "baseline.capuchin")
+            return s.plan(prog, result, f"baseline.{name}")
         target -= peak - s.budget
         if target <= 0:
             break
-    raise Infeasible(f"capuchin: the step still needs {peak} bytes, more than the budget of "
+    raise Infeasible(f"{name}: the step still needs {peak} bytes, more than the budget of "
                      f"{s.budget}", need_bytes=peak)
 
 
@@ -509,4 +544,5 @@ BASELINES = {
     "vdnn_all": _vdnn_all,
     "tflms": tflms,
     "capuchin": capuchin,
+    "recompute": recompute_only,
 }
