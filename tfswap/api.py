@@ -63,6 +63,7 @@ class OptimizedFunction:
     measured_on: str | None = None   # what measured_peak_bytes is: the device and the method
     relocation: Any = None   # the user's variables this call moved to host memory, if any
     problem: Any = None
+    replica_plans: tuple = ()   # a replicated step's other replicas' plans (captured.replicas)
 
     def parameter_traffic(self) -> tuple:
         """Per variable in host memory, what one step fetches and writes back, the most
@@ -265,7 +266,8 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
         budget_bytes=prepared.budget_bytes, device=prepared.device, host=prepared.host,
         search=planned.search, profile=prepared.profile, notes=notes,
         measured_peak_bytes=verified.measured_peak_bytes, measured_on=verified.measured_on,
-        relocation=prepared.relocation, problem=planned.attempt.step.problem)
+        relocation=prepared.relocation, problem=planned.attempt.step.problem,
+        replica_plans=planned.replica_plans)
 
 
 def parameters_text(plan: Plan, lowered, captured) -> str:

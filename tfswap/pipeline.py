@@ -195,8 +195,21 @@ class Lowered:
 
 
 @dataclass(frozen=True)
+class Replica:
+    """Another replica of a step a ``tf.distribute`` strategy replicates: its
+    device (the budget is per device), the step as captured on it, its profile
+    and its lowering (:func:`tfswap.tf.ir.lower` keeps this device's part)."""
+
+    device: str
+    captured: Any
+    profile: Any
+    step: Lowered
+
+
+@dataclass(frozen=True)
 class Prepared:
-    """Everything ``plan`` needs: the step, its profile, its problem, the budget."""
+    """Everything ``plan`` needs: the step, its profile, its problem, the budget.
+    A replicated step's first replica is the step here; ``replicas`` the others."""
 
     options: Options
     captured: Any
@@ -211,6 +224,7 @@ class Prepared:
     notes: tuple[str, ...]
     relocation: Any = None    # the variables place_parameters moved to the host, if any
     update_places: tuple = ()  # core.plan.UpdatePlace: updates not computed on the device
+    replicas: tuple[Replica, ...] = ()   # a replicated step's other replicas
 
     @property
     def measured_over(self) -> bool:
@@ -254,6 +268,7 @@ class Planned:
     plan: Plan
     search: search.SearchResult | None
     notes: tuple[str, ...]
+    replica_plans: tuple[Plan, ...] = ()   # one per ``prepared.replicas``, in order
 
 
 @dataclass(frozen=True)
@@ -288,11 +303,24 @@ def prepare(concrete_fn, options: Options) -> Prepared:
     deadline = None if options.generations is not None else started + options.search_time_s
     device, host = placement(options.device, options.host)
     captured = capture_mod.capture(concrete_fn, device=device)
+    if any(capture_mod.same_device(host, d) for d in captured.replicas):
+        raise capture_mod.CaptureError(
+            f"the host {host} is one of the replicas' devices ({', '.join(captured.replicas)}): "
+            "tfswap would swap a replica's tensors into another replica's memory. Pass host= a "
+            "device no replica uses; on the emulated device, tfswap.tf.emulate.setup(replicas=2) "
+            "and MirroredStrategy(devices.replicas) keep the host (CPU:1) apart")
+    if captured.replicas and (captured.host_homed or options.parameters == "host"):
+        raise capture_mod.CaptureError(
+            "a replicated step (tf.distribute) keeps its variables on its devices: tfswap does "
+            "not plan replicas with variables in host memory yet; create them under the "
+            "strategy's scope and pass parameters='auto' or 'device'")
     if captured.host_homed:   # variables the user created in host memory
         from tfswap.tf import homes
 
         captured, _ = homes.updates_on_device(captured, device)
     spec, spec_note = choose_spec(options.device_spec, device)
+    if captured.replicas:   # the replicas copy at the same time, over one host's link
+        spec = spec.shared_by(len(captured.replicas))
     budget = parse_budget(options.memory_budget, spec.memory_bytes)
     _check_arena(budget, options.memory_budget, device)
     capture_mod.warn_legacy_random(captured)
@@ -311,10 +339,24 @@ def prepare(concrete_fn, options: Options) -> Prepared:
         from tfswap.tf.shapes import refuse_unsized
 
         refuse_unsized(captured, step.lowered, prof.source)
+    replicas = tuple(_replica(captured, d, options, spec, feed) for d in captured.replicas[1:])
     notes = (spec_note,) if spec_note else ()
+    if replicas:
+        notes += (f"replicated over {', '.join(captured.replicas)}: each device planned for "
+                  "the budget",)
     return Prepared(options, captured, prof, step, spec, budget, device, host, feed, deadline,
                     notes + (f"profile: {prof.source}, {time.monotonic() - started:.1f} s",),
-                    update_places=places)
+                    update_places=places, replicas=replicas)
+
+
+def _replica(captured, device: str, options: Options, spec: DeviceSpec, feed) -> Replica:
+    """Replica ``device`` of a replicated step, profiled and lowered as the first one."""
+    on = dataclasses.replace(captured, device=device)
+    prof = _profile(on, options.profile, spec, feed, device)
+    step = lower(on, prof, spec, options.small_tensor_bytes, options.recompute) \
+        if options.small_tensor_bytes is not None else \
+        lower_default(on, prof, spec, options.recompute)
+    return Replica(device, on, prof, step)
 
 
 def _check_arena(budget: int, asked, device: str) -> None:
@@ -408,7 +450,7 @@ def movable_parameters(prepared: Prepared) -> tuple:
     """The captured device variables :func:`place_parameters` would move."""
     from tfswap.tf import homes
 
-    if prepared.options.parameters == "device":
+    if prepared.options.parameters == "device" or prepared.replicas:
         return ()
     return homes.chosen(prepared.captured, prepared.options.parameters, prepared.step.small)
 
@@ -639,27 +681,66 @@ def _attempt_at(prepared: Prepared, step: Lowered, layout: str, **changes) -> At
     return Attempt(step, usable, outside, layout, **changes)
 
 
-def fits_unmodified(prepared: Prepared, attempt: Attempt) -> bool:
-    """Whether the step needs no swaps: its model fits, and no trace measured otherwise."""
+def fits_unmodified(prepared: Prepared, attempt: Attempt, profile=None) -> bool:
+    """Whether the step needs no swaps: its model fits, and no trace measured otherwise
+    (``profile``: a replica's, else the step's)."""
     peak = attempt.step.unconstrained.prediction.peak_bytes
-    return peak <= attempt.planner_budget and not prepared.measured_over
+    measured_over = prepared.measured_over if profile is None else \
+        profile.source == "trace" and (profile.peak_bytes or 0) > prepared.budget_bytes
+    return peak <= attempt.planner_budget and not measured_over
 
 
 def plan(prepared: Prepared, attempt: Attempt, planner: str | None = None,
          **options) -> Planned:
     """The genetic search's plan for ``attempt``, or the planner's on TF's order
     where the search's size classes do not fit.  Raises :class:`Infeasible`.
+    A replicated step gets a plan per replica (``Planned.replica_plans``), each
+    for the attempt's remedies on that replica's lowering.
 
     ``planner``: run exactly this planner of :mod:`tfswap.core.planners` (with
     ``options``) instead, even where the step fits unmodified.
     """
+    # The replicas share what is left of search_time, one after the other.
+    n = 1 + len(prepared.replicas)
+    planned = _plan_one(prepared, attempt, None, planner, options, share=1 / n)
+    if not prepared.replicas:
+        return planned
+    others = tuple(_plan_one(prepared, replica_attempt(prepared, attempt, r), r.profile,
+                             planner, options, share=1 / (n - k))
+                   for k, r in enumerate(prepared.replicas, 1))
+    return dataclasses.replace(planned, replica_plans=tuple(p.plan for p in others),
+                               notes=planned.notes + tuple(
+                                   f"{r.device}: {note}" for r, p in zip(prepared.replicas, others)
+                                   for note in p.notes if note not in planned.notes))
+
+
+def replica_attempt(prepared: Prepared, attempt: Attempt, replica: Replica) -> Attempt:
+    """``attempt`` for another replica: its lowering (at the attempt's small-tensor
+    threshold), its planner budget less what the attempt's remedies took off the
+    first replica's."""
+    step = replica.step
+    if step.small != attempt.step.small:
+        step = lower(replica.captured, replica.profile, prepared.spec, attempt.step.small,
+                     prepared.options.recompute)
+    first, _ = planner_budget(prepared.budget_bytes, attempt.step.lowered,
+                              prepared.options.safety_margin)
+    usable, outside = planner_budget(prepared.budget_bytes, step.lowered,
+                                     prepared.options.safety_margin)
+    return dataclasses.replace(attempt, step=step, outside_bytes=outside,
+                               planner_budget=usable - (first - attempt.planner_budget))
+
+
+def _plan_one(prepared: Prepared, attempt: Attempt, profile, planner, options,
+              share: float = 1.0) -> Planned:
+    """``plan`` of one device's step (``profile``: a replica's, None: the step's),
+    the search taking ``share`` of the time left."""
     notes = attempt.notes
     problem = attempt.step.problem
     if planner is not None:
         result = planners.run(planner, problem, attempt.planner_budget, prepared.spec, **options)
         return Planned(prepared, attempt, _finish(result.plan, prepared, attempt),
                        result.search, notes)
-    if fits_unmodified(prepared, attempt):
+    if fits_unmodified(prepared, attempt, profile):
         unconstrained = attempt.step.unconstrained
         notes += ("the step already fits the budget: no swaps" if not unconstrained.swaps
                   else "the step already fits the budget: it only fetches the host-homed "
@@ -668,7 +749,7 @@ def plan(prepared: Prepared, attempt: Attempt, planner: str | None = None,
         return Planned(prepared, attempt, _finish(found, prepared, attempt), None, notes)
     try:
         result = planners.run(search.PLANNER_NAME, problem, attempt.planner_budget,
-                              prepared.spec, config=_search_config(prepared, attempt))
+                              prepared.spec, config=_search_config(prepared, attempt, share))
     except Infeasible:
         # The search's pools round sizes up to classes; the planner on TF's
         # order with exact sizes is what the smallest budget is computed from,
@@ -680,11 +761,12 @@ def plan(prepared: Prepared, attempt: Attempt, planner: str | None = None,
                    notes)
 
 
-def _search_config(prepared: Prepared, attempt: Attempt) -> search.SearchConfig:
+def _search_config(prepared: Prepared, attempt: Attempt,
+                   share: float = 1.0) -> search.SearchConfig:
     o = prepared.options
     limit: dict = {"time_budget_s": None, "max_generations": o.generations}
     if o.generations is None:
-        left = prepared.deadline - time.monotonic()
+        left = (prepared.deadline - time.monotonic()) * share
         # Past the deadline: the first generation only (TF's order and its mutants).
         limit = {"time_budget_s": left, "max_generations": None} if left > 0 else \
             {"time_budget_s": None, "max_generations": 0}
@@ -746,12 +828,34 @@ def minimum_budget(prepared: Prepared, attempt: Attempt) -> int:
 
 def materialize(planned: Planned) -> Materialized:
     """The rewritten graph (swap ops, control edges) bound to the user's variables."""
-    from tfswap.tf import rewrite, runtime
+    from tfswap.tf import runtime
 
     prepared = planned.prepared
-    rewritten = rewrite.rewrite(prepared.captured, planned.plan, prepared.device, prepared.host)
+    rewritten = rewritten_graph(planned)
     return Materialized(planned, rewritten, runtime.bind(
         prepared.captured, rewritten.graph_def, memory_scope=_arena_scope(planned)))
+
+
+def rewritten_graph(planned: Planned, **options):
+    """The plan (and each other replica's plan, in turn, on the graph the previous
+    ones left, each in a name scope of its own) rewritten into the captured graph
+    (:func:`tfswap.tf.rewrite.rewrite`, ``options`` passed on: an emulated link)."""
+    from tfswap.tf import rewrite
+
+    prepared = planned.prepared
+    scope = f"{rewrite.SWAP_SCOPE}_replica_0" if prepared.replicas else rewrite.SWAP_SCOPE
+    rewritten = rewrite.rewrite(prepared.captured, planned.plan, prepared.device, prepared.host,
+                                scope=scope, **options)
+    swaps = rewritten.swaps
+    for k, (replica, found) in enumerate(zip(prepared.replicas, planned.replica_plans), 1):
+        on = dataclasses.replace(replica.captured, graph_def=rewritten.graph_def)
+        rewritten = rewrite.rewrite(on, found, replica.device, prepared.host,
+                                    scope=f"{rewrite.SWAP_SCOPE}_replica_{k}", **options)
+        swaps += rewritten.swaps
+    if prepared.replicas:
+        rewritten = dataclasses.replace(rewritten, swaps=swaps,
+                                        schedule=planned.plan.schedule, device=prepared.device)
+    return rewritten
 
 
 def _arena_of(made: Materialized):
@@ -806,8 +910,11 @@ def verify(made: Materialized) -> Verified:
     """
     prepared = made.planned.prepared
     # A step that fits unmodified was measured by its traced profile already.
-    if not prepared.verifiable or made.planned.plan.planner == NO_SWAP:
+    plans = (made.planned.plan,) + made.planned.replica_plans
+    if not prepared.verifiable or all(p.planner == NO_SWAP for p in plans):
         return Verified(made, None)
+    if prepared.replicas:
+        return _verify_replicas(made)
     from tfswap.tf import measure
 
     if prepared.peak_method == measure.ALLOCATOR:   # GPU-only
@@ -835,6 +942,31 @@ def verify(made: Materialized) -> Verified:
     return Verified(made, peak, f"the step stats of the emulated device {prepared.device} "
                     f"(allocation records), worst of 3 runs in each of {VERIFY_SESSIONS} "
                     "sessions")
+
+
+def _verify_replicas(made: Materialized) -> Verified:
+    """Each replica's device measured as :func:`verify` measures one; the worst
+    device's peak is the step's (the budget is per device)."""
+    from tfswap.tf import measure
+
+    prepared = made.planned.prepared
+    devices = (prepared.device,) + tuple(r.device for r in prepared.replicas)
+    peaks, out_of_memory = {}, False
+    for device in devices:
+        if prepared.peak_method == measure.ALLOCATOR:   # GPU-only
+            m = measure.allocator_peak(made.bound, prepared.feed, prepared.captured, device,
+                                       runs=3, warmup=1)
+            peaks[device], out_of_memory = m.peak_bytes, out_of_memory or m.out_of_memory
+        else:
+            on = dataclasses.replace(prepared.captured, device=device)
+            peaks[device] = max(measure.measure(on, made.rewritten.graph_def, prepared.feed,
+                                                runs=3, warmup=1, device=device).peak_bytes
+                                for _ in range(VERIFY_SESSIONS))
+    how = "the allocator" if prepared.peak_method == measure.ALLOCATOR else \
+        f"step stats, worst of 3 runs in each of {VERIFY_SESSIONS} sessions"
+    return Verified(made, max(peaks.values()),
+                    "per device (" + ", ".join(f"{d}: {b} B" for d, b in peaks.items()) +
+                    f"), {how}", out_of_memory)
 
 
 # ---------------------------------------------------------------- refine

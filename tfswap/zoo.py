@@ -46,6 +46,7 @@ class TrainStep:
     optimizer: Any
     concrete_fn: Any
     batch: tuple
+    loss: Any = None   # loss(y, model(x)), what the step minimizes
 
 
 OPTIMIZERS = ("adam", "sgd", "momentum", "adagrad")
@@ -89,9 +90,58 @@ def step_function(model, specs, loss_fn, learning_rate=1e-3, optimizer: str = "a
 def _train_step(name, model, batch, loss_fn, learning_rate=1e-3, optimizer="adam"):
     import tensorflow as tf
 
+    if tf.distribute.has_strategy():
+        # Under a strategy's scope (replicated): the variables only; the step is
+        # replicated's, which runs this one per replica.
+        optimizer = make_optimizer(optimizer, learning_rate)
+        optimizer.build(model.trainable_variables)
+        return TrainStep(name, model, optimizer, None, batch, loss_fn)
     specs = [tf.TensorSpec(b.shape, tf.as_dtype(b.dtype)) for b in batch]
     fn, optimizer = step_function(model, specs, loss_fn, learning_rate, optimizer)
-    return TrainStep(name, model, optimizer, fn, batch)
+    return TrainStep(name, model, optimizer, fn, batch, loss_fn)
+
+
+def replicated(build, strategy, *args, **kwargs) -> TrainStep:
+    """The step of ``build(*args, **kwargs)`` (a builder of this module)
+    replicated by ``strategy`` (a ``tf.distribute.MirroredStrategy``): model and
+    optimizer created under its scope, each replica training on its slice of
+    the batch (which the replicas divide), the mean loss's gradients summed
+    across replicas by the optimizer, the losses summed into the one returned.
+
+    Example::
+
+        devices = tfswap.tf.emulate.setup(replicas=2)
+        strategy = tf.distribute.MirroredStrategy(devices.replicas)
+        step = zoo.replicated(zoo.cnn, strategy, batch=32)
+        step.concrete_fn(*step.batch)["loss"]
+    """
+    import tensorflow as tf
+
+    with strategy.scope():
+        one = build(*args, **kwargs)
+    n = strategy.num_replicas_in_sync
+    model, optimizer, loss_fn = one.model, one.optimizer, one.loss
+    rows = one.batch[0].shape[0]
+    if rows % n:
+        raise ValueError(f"the batch of {rows} does not divide among {n} replicas")
+
+    @tf.function
+    def step(x, y):
+        def replica(x, y):
+            k = tf.distribute.get_replica_context().replica_id_in_sync_group
+            size = rows // n
+            xs, ys = x[k * size:(k + 1) * size], y[k * size:(k + 1) * size]
+            with tf.GradientTape() as tape:
+                loss = loss_fn(ys, model(xs, training=True)) / n
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        return {"loss": strategy.reduce("SUM", strategy.run(replica, args=(x, y)), axis=None)}
+
+    specs = [tf.TensorSpec(b.shape, tf.as_dtype(b.dtype)) for b in one.batch]
+    return TrainStep(f"{one.name}_x{n}", model, optimizer, step.get_concrete_function(*specs),
+                     one.batch, loss_fn)
 
 
 def _image_step(name, model, batch, image, classes, seed):

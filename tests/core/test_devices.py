@@ -1,6 +1,7 @@
 """DeviceSpec presets, copy times, JSON and the cached host bandwidth (tfswap.core.devices)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -76,6 +77,21 @@ def test_copy_latency_is_validated_and_charged_per_copy():
         DeviceSpec(**{**spec.__dict__, "copies_on_compute": 1})
 
 
+def test_a_link_shared_by_several_devices_gives_each_its_share():
+    spec = replace(device_spec("h100-80g-pcie5"), shared_link_bytes_per_s=64 * GB)
+    four = spec.shared_by(4)
+    assert four.h2d_bytes_per_s == four.d2h_bytes_per_s == 16 * GB
+    assert four.duplex_bytes_per_s == 32 * GB and four.memory_bytes == spec.memory_bytes
+    assert spec.shared_by(1) == spec
+    assert spec.shared_by(2).h2d_bytes_per_s == 32 * GB    # below the device's own 50 GB/s
+    assert device_spec("h100-80g-pcie5").shared_by(8) == device_spec("h100-80g-pcie5")
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="devices"):
+            spec.shared_by(bad)
+    with pytest.raises(ValueError, match="shared_link_bytes_per_s"):
+        replace(spec, shared_link_bytes_per_s=0.0)
+
+
 def test_specs_saved_before_the_copy_fields_still_load():
     spec = device_spec("a100-40g-pcie4")
     old = json.loads(spec.to_json())
@@ -93,6 +109,10 @@ def test_cpu_emulated_prices_copies_at_the_emulated_link(tmp_path, monkeypatch):
     assert spec.memory_bandwidth_bytes_per_s == 7.0e9
     plain = devices.cpu_emulated()
     assert plain.h2d_bytes_per_s == plain.duplex_bytes_per_s == 7.0e9
+    # The op library's emulated link is the process's: replicas share it.
+    two = spec.shared_by(2)
+    assert two.h2d_bytes_per_s == two.d2h_bytes_per_s == 1e8 and two.duplex_bytes_per_s == 2e8
+    assert spec.shared_by(1) == spec and plain.shared_by(2) == plain
     for bad in (0, -1.0, float("inf"), float("nan"), True, "2e8"):
         with pytest.raises(ValueError, match="link_bytes_per_s"):
             devices.cpu_emulated(link_bytes_per_s=bad)

@@ -1,4 +1,5 @@
-"""TF-level tests run on the emulated device (CPU:0 device, CPU:1 host)."""
+"""TF-level tests run on the emulated device (CPU:0 device, CPU:1 host; CPU:2 a second
+device for replicated steps)."""
 
 import pytest
 
@@ -6,4 +7,4 @@ tf = pytest.importorskip("tensorflow")
 
 from tfswap.tf import emulate  # noqa: E402
 
-emulate.setup()  # before any test creates a tensor
+emulate.setup(replicas=2)  # before any test creates a tensor

@@ -6,6 +6,7 @@ import sys
 import pytest
 import tensorflow as tf
 
+from tfswap.tf import emulate
 from tfswap.tf.capture import CaptureError, capture
 
 
@@ -54,11 +55,8 @@ def test_emulation_after_devices_exist_fails_clearly():
     assert "REFUSED True" in out.stdout
 
 
-def test_a_step_replicated_by_a_distribution_strategy_is_refused():
-    # Planning the first replica's device alone would leave the others over budget.
-    import tfswap
-
-    strategy = tf.distribute.MirroredStrategy(["/device:CPU:0", "/device:CPU:1"])
+def _replicated(devices):
+    strategy = tf.distribute.MirroredStrategy(devices)
     with strategy.scope():
         w = tf.Variable(tf.ones([4, 2]))
 
@@ -71,8 +69,17 @@ def test_a_step_replicated_by_a_distribution_strategy_is_refused():
             return loss + tf.reduce_sum(grad)
         return strategy.reduce("SUM", strategy.run(replica, args=(x,)), axis=None)
 
-    cf = step.get_concrete_function(tf.TensorSpec([3, 4]))
-    with pytest.raises(CaptureError, match=r"replicated over several devices \(collective"):
-        capture(cf, device="/device:CPU:0")
-    with pytest.raises(CaptureError, match="Optimize the step of one replica"):
+    return step.get_concrete_function(tf.TensorSpec([3, 4])), w
+
+
+def test_a_replicated_step_is_captured_with_its_devices_and_refused_on_the_host():
+    import tfswap
+
+    cf, _ = _replicated([emulate.DEVICE, "/device:CPU:2"])
+    assert capture(cf, device=emulate.DEVICE).replicas == (emulate.DEVICE, "/device:CPU:2")
+    with pytest.raises(CaptureError, match=r"not on /device:CPU:3"):
+        capture(cf, device="/device:CPU:3")
+    # A strategy over the emulated host: the swaps would copy to a replica's memory.
+    cf, _ = _replicated([emulate.DEVICE, emulate.HOST])
+    with pytest.raises(CaptureError, match=r"the host /device:CPU:1 is one of the replicas"):
         tfswap.optimize(cf, memory_budget="1MiB", generations=1)

@@ -51,6 +51,11 @@ class DeviceSpec:
     # written), for work placed on the host; None: as fast as the profiled op
     # (the emulated device, whose host is the same CPU).
     host_memory_bandwidth_bytes_per_s: float | None = None
+    # What the copies of all the host's devices move together per second in each
+    # direction (the emulated link, one per process; GPUs behind one PCIe switch
+    # or root port); None: each device's link is its own.  A step replicated over
+    # several devices copies on all of them at once: see shared_by.
+    shared_link_bytes_per_s: float | None = None
 
     def __post_init__(self):
         for field_name in ("memory_bytes", "peak_flops", "memory_bandwidth_bytes_per_s",
@@ -64,12 +69,12 @@ class DeviceSpec:
                     or not 0 <= value < float("inf"):
                 raise ValueError(f"DeviceSpec {self.name!r}: {field_name} must be a finite "
                                  f"number of seconds >= 0, got {value!r}")
-        host = self.host_memory_bandwidth_bytes_per_s
-        if host is not None and (isinstance(host, bool) or not isinstance(host, numbers.Real)
-                                 or not 0 < host < float("inf")):
-            raise ValueError(f"DeviceSpec {self.name!r}: host_memory_bandwidth_bytes_per_s "
-                             f"must be None or a finite number of bytes per second > 0, "
-                             f"got {host!r}")
+        for field_name in ("host_memory_bandwidth_bytes_per_s", "shared_link_bytes_per_s"):
+            value = getattr(self, field_name)
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, numbers.Real) or not 0 < value < float("inf")):
+                raise ValueError(f"DeviceSpec {self.name!r}: {field_name} must be None or a "
+                                 f"finite number of bytes per second > 0, got {value!r}")
         if not isinstance(self.copies_on_compute, bool):
             raise ValueError(f"DeviceSpec {self.name!r}: copies_on_compute must be True or "
                              f"False, got {self.copies_on_compute!r}")
@@ -83,6 +88,27 @@ class DeviceSpec:
         if duplex:
             bw = min(bw, self.duplex_bytes_per_s / 2)
         return self.copy_latency_s + nbytes / bw
+
+    def shared_by(self, devices: int) -> "DeviceSpec":
+        """The link as one of ``devices`` devices that copy at the same time sees it
+        (the replicas of a data-parallel step run the same plan in step): each
+        direction at most its share of ``shared_link_bytes_per_s``.  Unchanged
+        where that is None or ``devices`` is 1.
+
+        Example::
+
+            one = cpu_emulated(link_bytes_per_s=200e6)
+            one.shared_by(2).h2d_bytes_per_s   # 100e6
+        """
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise ValueError(f"devices must be an int >= 1, got {devices!r}")
+        if self.shared_link_bytes_per_s is None or devices == 1:
+            return self
+        share = self.shared_link_bytes_per_s / devices
+        return replace(self, name=f"{self.name} (shared by {devices})",
+                       h2d_bytes_per_s=min(self.h2d_bytes_per_s, share),
+                       d2h_bytes_per_s=min(self.d2h_bytes_per_s, share),
+                       duplex_bytes_per_s=min(self.duplex_bytes_per_s, 2 * share))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -236,7 +262,11 @@ def cpu_emulated(memory_bytes: int = 8 * GiB, cache: bool = True, *,
         memory_bandwidth_bytes_per_s=bw, h2d_bytes_per_s=link or bw,
         d2h_bytes_per_s=link or bw, duplex_bytes_per_s=2 * link if link else bw,
         launch_overhead_s=2e-6, copy_latency_s=copy_latency_s,
-        copies_on_compute=copies_on_compute)
+        copies_on_compute=copies_on_compute,
+        # The op library has one emulated link per direction for the process:
+        # replicas on several emulated devices share it.  (Plain memcpys run on
+        # each replica's own threads.)
+        shared_link_bytes_per_s=link)
 
 
 def device_spec(name: str | DeviceSpec) -> DeviceSpec:

@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,9 @@ class CapturedFunction:
     name: str
     device: str = ""                    # where unplaced ops were put before Grappler ran
     grappler_optimized: bool = False
+    # A step replicated by a tf.distribute strategy: the devices of its replicas,
+    # ``device`` first (see :func:`replica_devices`); () for a step on one device.
+    replicas: tuple[str, ...] = ()
 
     @property
     def feeds(self) -> tuple[str, ...]:
@@ -204,9 +208,16 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
     for var in variables:
         owner[id(var.handle)] = var
     device = device or grappler.default_device()
+    graph_def = graph.as_graph_def(add_shapes=True)
+    replicas = replica_devices(graph_def, device)
+    if replicas:
+        # A strategy's own variables (the collectives' ordering tokens) are captured
+        # without being the graph's variables.
+        owner.update(_owners_of(v for v in captured_values
+                                if v.dtype == tf.resource and id(v) not in owner))
     captures = tuple(
         CapturedTensor(ph.name, value, owner.get(id(value)),
-                       _elsewhere(owner.get(id(value)), device))
+                       _elsewhere(owner.get(id(value)), device, replicas))
         for ph, value in zip(concrete_fn.inputs[n_args:], captured_values))
 
     structured = concrete_fn.structured_outputs
@@ -216,8 +227,8 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
         raise CaptureError(f"outputs {missing} are not among the function's outputs")
 
     control_outputs = tuple(op.name for op in graph.control_outputs)
-    graph_def = graph.as_graph_def(add_shapes=True)
-    _refuse_replicated(graph_def, device)
+    if replicas:
+        _on_resource_devices(graph_def, captures)
     _describe_handles(graph_def, captures)
     if optimize:
         graph_def = grappler.optimize(graph_def, fetches, control_outputs, device)
@@ -235,6 +246,7 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
         name=getattr(concrete_fn, "name", "function"),
         device=device,
         grappler_optimized=optimize,
+        replicas=replicas,
     )
 
 
@@ -247,31 +259,63 @@ COLLECTIVE_OPS = frozenset({
     "CollectiveAllToAllV3", "NcclAllReduce", "NcclReduce", "NcclBroadcast"})
 
 
-def _refuse_replicated(graph_def, device: str) -> None:
-    """Raise :class:`CaptureError` for a step replicated over several devices
-    (``strategy.run`` under a ``tf.distribute`` strategy): tfswap plans the one
-    device a step runs on, and would leave every other replica unplanned and
-    over its budget without saying so."""
+def replica_devices(graph_def, device: str) -> tuple[str, ...]:
+    """The devices a step is replicated on (``strategy.run`` under a
+    ``tf.distribute`` strategy), ``device`` first, then by name; () for a step
+    on one device.  A replica is told by its collective ops (all-reduce,
+    gather, broadcast): on a CPU device the host is a CPU too, so a CPU op
+    elsewhere says nothing; on a GPU, ops on another GPU also make a replica.
+    Raises :class:`CaptureError` when ``device`` is not one of them."""
     def functions_too():
         yield from graph_def.node
         for fn in graph_def.library.function:
             yield from fn.node_def
 
-    collectives = sorted({n.op for n in functions_too() if n.op in COLLECTIVE_OPS})
     kind = tf.DeviceSpec.from_string(device).device_type
-    # On a CPU device the host is a CPU too, so only collectives tell replicas apart.
-    others = [] if kind == "CPU" else sorted(
-        {n.device for n in graph_def.node if n.device
-         and tf.DeviceSpec.from_string(n.device).device_type == kind
-         and not same_device(n.device, device)})
-    if collectives or others:
-        found = (f"collective ops {collectives}" if collectives else
-                 f"ops on {others} as well as on {device}")
+    found = {local_device(n.device) for n in functions_too()
+             if n.op in COLLECTIVE_OPS and n.device}
+    if kind != "CPU":
+        found |= {local_device(n.device) for n in graph_def.node if n.device
+                  and tf.DeviceSpec.from_string(n.device).device_type == kind}
+    others = sorted(d for d in found if not same_device(d, device))
+    if not others:
+        return ()
+    if len(others) == len(found):
         raise CaptureError(
-            f"the step is replicated over several devices ({found}: a tf.distribute "
-            "strategy's strategy.run); tfswap plans one device per step and does not plan "
-            "replicated steps yet. Optimize the step of one replica, outside the strategy, "
-            "or train without the strategy.")
+            f"the step is replicated over {sorted(found)} (a tf.distribute strategy's "
+            f"strategy.run), but not on {device}, the device given; pass device= one of them")
+    return (local_device(device),) + tuple(others)
+
+
+def _on_resource_devices(graph_def, captures) -> None:
+    """Put each unplaced op that takes a captured variable's handle on that
+    variable's device, as TensorFlow's placer does (an op on a resource runs
+    where it lives): a replica's reads of its own copy of a mirrored variable
+    carry no device in the traced graph, and Grappler would put every
+    unplaced op on the first replica's device."""
+    homes = {c.name.partition(":")[0]: local_device(c.variable.device) for c in captures
+             if c.variable is not None}
+    for node in graph_def.node:
+        if node.device:
+            continue
+        for raw in node.input:
+            source = raw.partition(":")[0]
+            if not raw.startswith("^") and source in homes:
+                node.device = homes[source]
+                break
+
+
+def _owners_of(handles) -> dict:
+    """``{id(handle): variable}`` for the live resource variables whose handle is
+    one of ``handles`` (one pass over the process's objects, by type)."""
+    from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
+
+    wanted = {id(h) for h in handles}
+    if not wanted:
+        return {}
+    return {id(obj.handle): obj for obj in gc.get_objects()
+            if issubclass(type(obj), BaseResourceVariable)
+            and id(getattr(obj, "_handle", None)) in wanted}
 
 
 def _describe_handles(graph_def, captures) -> None:
@@ -308,14 +352,16 @@ def _set_arg_shapes(graph_def, args) -> None:
             node.attr["_output_shapes"].list.shape.add().CopyFrom(proto)
 
 
-def _elsewhere(variable, device: str) -> bool:
-    """Whether ``variable`` lives on another device than the step: in host memory.
+def _elsewhere(variable, device: str, replicas=()) -> bool:
+    """Whether ``variable`` lives on another device than the step (or its
+    replicas): in host memory.
 
     A user who creates the model and optimizer under ``tf.device(host)`` keeps
     their parameters in host memory between steps (SwapAdvisor's parameter
     swapping); tfswap then swaps each read in before its use on the device.
     """
-    return variable is not None and not same_device(variable.device, device)
+    return variable is not None and not any(same_device(variable.device, d)
+                                            for d in (device,) + tuple(replicas))
 
 
 @functools.lru_cache(maxsize=256)   # asked once per GraphDef node, of a few distinct names

@@ -1,7 +1,9 @@
 """The emulated accelerator: two logical CPU devices.
 
 Without a GPU, ``/device:CPU:0`` plays the accelerator and ``/device:CPU:1``
-the host.  TensorFlow passes tensors between the two without copying, so the
+the host; ``setup(replicas=N)`` adds ``/device:CPU:2`` ... ``/device:CPU:N``
+as N - 1 more accelerators, for a ``tf.distribute.MirroredStrategy`` over
+``EmulatedDevices.replicas`` (all of them share the one host).  TensorFlow passes tensors between the two without copying, so the
 only bytes that move are the ones the swap ops copy, and allocations made by
 nodes placed on CPU:0 are the "device memory" that :mod:`tfswap.tf.measure`
 reports.
@@ -14,6 +16,9 @@ Example::
     import tensorflow as tf
     from tfswap.tf import emulate
     devices = emulate.setup()         # EmulatedDevices(device='/device:CPU:0', host='/device:CPU:1')
+
+    devices = emulate.setup(replicas=2)
+    strategy = tf.distribute.MirroredStrategy(devices.replicas)   # CPU:0 and CPU:2
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ HOST = "/device:CPU:1"
 class EmulatedDevices:
     device: str = DEVICE
     host: str = HOST
+    replicas: tuple[str, ...] = (DEVICE,)   # the accelerators, ``device`` first
 
 
 class DevicesAlreadyInitialized(RuntimeError):
@@ -41,26 +47,38 @@ def is_active() -> bool:
     return len(tf.config.list_logical_devices("CPU")) >= 2
 
 
-def setup() -> EmulatedDevices:
-    """Split the physical CPU into the emulated device (CPU:0) and host (CPU:1).
+def replica_devices(replicas: int) -> tuple[str, ...]:
+    """The emulated accelerators of ``setup(replicas=replicas)``, ``DEVICE`` first."""
+    return (DEVICE,) + tuple(f"/device:CPU:{k}" for k in range(2, replicas + 1))
 
-    Idempotent when the split is already in place.  Raises
-    :class:`DevicesAlreadyInitialized` if TensorFlow created its devices before
-    the call (any eager op, ``tf.Variable`` or device listing does that).
+
+def setup(replicas: int = 1) -> EmulatedDevices:
+    """Split the physical CPU into the emulated device (CPU:0), the host (CPU:1)
+    and, with ``replicas`` > 1, more emulated devices (CPU:2 on).
+
+    Idempotent when the split is already in place (with at least as many
+    devices).  Raises :class:`DevicesAlreadyInitialized` if TensorFlow created
+    its devices before the call (any eager op, ``tf.Variable`` or device
+    listing does that), or created fewer than ``replicas`` need.
     """
     import tensorflow as tf
 
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be an int >= 1 (emulated accelerators), got "
+                         f"{replicas!r}")
+    wanted = replicas + 1
     cpus = tf.config.list_physical_devices("CPU")
     current = tf.config.get_logical_device_configuration(cpus[0])
-    if current is not None and len(current) >= 2:
-        return EmulatedDevices()
+    if current is not None and len(current) >= wanted:
+        return EmulatedDevices(replicas=replica_devices(replicas))
     try:
         tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration(),
-                      tf.config.LogicalDeviceConfiguration()])
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(wanted)])
     except RuntimeError as err:
         raise DevicesAlreadyInitialized(
-            "tfswap.tf.emulate.setup() must run before TensorFlow creates its devices "
-            "(before any tensor, variable, model or tf.config.list_logical_devices call). "
-            "Call it right after `import tensorflow`. TensorFlow said: " + str(err)) from err
-    return EmulatedDevices()
+            f"tfswap.tf.emulate.setup(replicas={replicas}) must run before TensorFlow creates "
+            "its devices (before any tensor, variable, model or tf.config.list_logical_devices "
+            f"call), and before any other setup asked for fewer devices; it needs {wanted} "
+            "logical CPUs. Call it right after `import tensorflow`. TensorFlow said: "
+            + str(err)) from err
+    return EmulatedDevices(replicas=replica_devices(replicas))

@@ -54,7 +54,7 @@ from tfswap.core import liveness
 from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.profile import Profile
 from tfswap.tf import grappler
-from tfswap.tf.capture import CapturedFunction, same_device
+from tfswap.tf.capture import COLLECTIVE_OPS, CapturedFunction, same_device
 from tfswap.tf.recomputable import merged, refusal
 from tfswap.tf.shapes import import_with_shapes
 
@@ -366,6 +366,126 @@ def _set_aliases(ops: list[Op], tensors: list[Tensor], profile: Profile | None,
             else t for t in tensors]
 
 
+def _this_replica(ops: list[Op], tensors: list[Tensor], captured: CapturedFunction):
+    """The part of a replicated step that runs on ``captured.device``, one of
+    ``captured.replicas`` (a replica of a ``tf.distribute`` step plans as a
+    step of its own; the device's memory is its own).
+
+    Kept: the ops on the device (an op with no device runs on the first
+    replica's) and the step's arguments.  A value another replica's op makes
+    and an op here reads (a per-replica batch, a broadcast) arrives as a copy
+    that lives on this device: its producer stays as a source of no cost that
+    is never swapped.  What an op here makes and another replica reads
+    (its loss, for the cross-replica sum) is kept to the step's end, as a
+    fetch.  Returns (ops, tensors, fetches, control outputs) of this replica.
+    """
+    first, device = captured.replicas[0], captured.device
+
+    def here(op) -> bool:
+        return same_device(op.device or first, device)
+
+    kept = {op.name for op in ops if here(op) or op.type == "Placeholder"}
+    arriving = {t.rpartition(":")[0] for op in ops if op.name in kept for t in op.inputs} - kept
+    leaving = [t for op in ops if op.name not in kept for t in op.inputs
+               if t.rpartition(":")[0] in kept]
+    names = kept | arriving
+    by_name = {op.name: op for op in ops}
+    reach: dict[str, frozenset] = {}
+    keys = collective_keys(captured)
+    together: dict = {}
+    for name, key in keys.items():
+        together.setdefault(key, []).append(name)
+
+    def kept_before(name: str) -> frozenset:
+        """The ops here that ``name`` (another replica's op) waits for: an order
+        through another device (a strategy's cross-device control edges) is
+        still an order here."""
+        if name not in reach:
+            reach[name] = frozenset()   # a cycle cannot close through here
+            found = set()
+            op = by_name[name]
+            for p in [t.rpartition(":")[0] for t in op.inputs] + list(op.control_inputs):
+                found |= {p} if p in kept else kept_before(p)
+            # Another replica's collective ends with this replica's of the same
+            # instance: what waits for it waits for that one too.
+            found |= {c for c in together.get(keys.get(name), ()) if c in kept}
+            reach[name] = frozenset(found)
+        return reach[name]
+
+    # What waits for another replica's op runs after this replica's collectives:
+    # that op may follow its own replica's collective in the order the rewrite
+    # gives that replica, and a collective ends only once every replica's has
+    # started.  (Not what a collective here needs: that would be a cycle.)
+    collectives = [op.name for op in ops if op.name in kept and op.type in COLLECTIVE_OPS]
+    feeds_collective, stack = set(), list(collectives)
+    while stack:
+        name = stack.pop()
+        if name in feeds_collective or name not in by_name:
+            continue
+        feeds_collective.add(name)
+        stack += [t.rpartition(":")[0] for t in by_name[name].inputs]
+        stack += list(by_name[name].control_inputs)
+
+    def orders(op) -> tuple[str, ...]:
+        data = {t.rpartition(":")[0] for t in op.inputs}
+        found = [c for c in op.control_inputs if c in kept]
+        across = [c for c in op.control_inputs if c not in kept] + \
+            [p for p in data if p not in kept]
+        for p in across:
+            if p not in arriving:
+                found += sorted(kept_before(p))
+        if across and op.name not in feeds_collective:
+            found += collectives
+        return tuple(c for c in dict.fromkeys(found) if c not in data and c != op.name)
+
+    new_ops = []
+    for op in ops:
+        if op.name in kept:
+            new_ops.append(replace(op, control_inputs=orders(op)))
+        elif op.name in arriving:
+            new_ops.append(replace(op, type="Placeholder", inputs=(), device=device,
+                                   control_inputs=tuple(sorted(kept_before(op.name)))))
+    new_tensors = [replace(t, swappable=False) if t.name.rpartition(":")[0] in arriving else t
+                   for t in tensors if t.name.rpartition(":")[0] in names]
+    fetches = tuple(dict.fromkeys(
+        [f for f in captured.fetches if f.rpartition(":")[0] in kept] + leaving))
+    controls = tuple(c for c in captured.control_outputs if c in kept)
+    return new_ops, new_tensors, fetches, controls
+
+
+def collective_keys(captured: CapturedFunction) -> dict[str, tuple]:
+    """Collective op -> what one all-reduce (gather, broadcast) of all replicas
+    shares: its group and instance keys (attributes of the V1 ops; inputs of
+    the V2 ones, constants or captured values); the op's own name where they
+    are neither."""
+    graph_def = captured.graph_def
+    nodes = {n.name: n for n in graph_def.node}
+    values = {c.name.partition(":")[0]: c.value for c in captured.captures
+              if c.variable is None and c.value.dtype != tf.resource}
+
+    def constant(raw: str):
+        node = nodes.get(raw.partition(":")[0])
+        if node is not None and node.op == "Const":
+            return tuple(tf.make_ndarray(node.attr["value"].tensor).ravel().tolist())
+        if raw.partition(":")[0] in values:
+            return tuple(np.asarray(values[raw.partition(":")[0]]).ravel().tolist())
+        return None
+
+    found = {}
+    for node in graph_def.node:
+        if node.op not in COLLECTIVE_OPS:
+            continue
+        if "instance_key" in node.attr:
+            key = (node.op, node.attr["group_key"].i, node.attr["instance_key"].i)
+        else:
+            data = [i for i in node.input if not i.startswith("^")]
+            key = (node.op, constant(data[2]), constant(data[3])) if len(data) > 3 else None
+            if key is None or None in key:
+                key = (node.name,)
+        found[node.name] = key
+    return found
+
+
 def _host_side(ops: list[Op], tensors: list[Tensor], device: str):
     """The work placed on the host, as the planner sees it.
 
@@ -579,6 +699,9 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
     tf_graph = _import(captured)
     needed = _needed(tf_graph, captured)
     ops, tensors = _plain_graph(tf_graph, needed)
+    fetches, control_outputs = captured.fetches, captured.control_outputs
+    if captured.replicas:
+        ops, tensors, fetches, control_outputs = _this_replica(ops, tensors, captured)
     ops = _after_merged_filter_grads(ops, captured.graph_def)
     tensors = _keep_padded_tensors(tensors, captured.graph_def)
     unprofiled = []
@@ -611,7 +734,7 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
     # update holds the new value, so it is not the earlier read's buffer).
     host_homed = set(captured.host_homed)
     on_device = {h: v for h, v in handle_of.items() if h not in host_homed}
-    tensors = _set_aliases(ops, tensors, profile, on_device, keep=captured.fetches)
+    tensors = _set_aliases(ops, tensors, profile, on_device, keep=fetches)
     ops, tensors, host_values, host_ops = _host_side(ops, tensors, captured.device)
     reads = {f"{op.name}:0": op.inputs[0] for op in ops
              if op.type == "ReadVariableOp" and op.inputs and op.inputs[0] in handle_of}
@@ -653,11 +776,11 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
     graph = DataflowGraph.build(ops, tensors)
     if classify:
         graph = kinds_mod.classify(
-            graph, loss=captured.fetches, variables=variables,
+            graph, loss=fetches, variables=variables,
             # An argument the step never reads (Grappler pruned it) is no input.
             inputs=[f for f in captured.feeds if f.rpartition(":")[0] in needed],
             writers=writers, small_bytes=small_bytes)
-    keep_ops = {f.rpartition(":")[0] for f in captured.fetches} | set(captured.control_outputs)
+    keep_ops = {f.rpartition(":")[0] for f in fetches} | set(control_outputs)
     if reduce:
         graph, node_map = _reduce(graph, tf_graph, keep_ops, fold_bytes)
     else:
@@ -667,9 +790,11 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
     merged_ops = merged(captured.graph_def)
     variable_bytes = sum(int(np.prod(c.variable.shape)) * c.variable.dtype.size
                          for c in captured.captures if c.variable is not None
-                         and not c.host_homed)
+                         and not c.host_homed and (not captured.replicas or
+                                                   same_device(c.variable.device,
+                                                               captured.device)))
     return LoweredGraph(
-        graph=graph, node_map=node_map, pruned=pruned, fetches=tuple(captured.fetches),
+        graph=graph, node_map=node_map, pruned=pruned, fetches=tuple(fetches),
         resident=tuple(v for v in reads if reads[v] in on_device and
                        node_map.get(v.rpartition(":")[0]) == v.rpartition(":")[0]),
         variable_bytes=variable_bytes,

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from tfswap.tf.capture import CapturedFunction
+from tfswap.tf.capture import CapturedFunction, same_device
 from tfswap.tf.emulate import DEVICE
 from tfswap.tf.rewrite import SWAP_OUT_OP
 from tfswap.tf.runtime import grappler_config
@@ -124,7 +124,9 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
                          f"({', '.join(a.path for a in captured.args)}), got {len(inputs)}")
     cfg = config_pb2.ConfigProto()
     cfg.CopyFrom(config if config is not None else grappler_config())
-    cfg.device_count["CPU"] = 2
+    # Every logical CPU: the emulated device and host, and a replicated step's
+    # other emulated devices (tfswap.tf.emulate.setup(replicas=...)).
+    cfg.device_count["CPU"] = max(2, len(tf.config.list_logical_devices("CPU")))
     # Two threads: the control chain serialises the compute ops anyway, and the
     # swap ops need a thread of their own to overlap, like a copy stream.
     if inter_op_threads < 1:
@@ -149,14 +151,16 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
         for k, (cap, value_np) in enumerate(zip(captured.captures, values)):
             if cap.variable is not None:
                 var = cap.variable
-                # A host-homed variable keeps its home (its bytes are not the device's).
-                with tf.device(var.device if cap.host_homed else device):
+                # A host-homed variable keeps its home (its bytes are not the device's),
+                # as does each replica's variable of a replicated step.
+                with tf.device(var.device if cap.host_homed or captured.replicas else device):
                     handle = tf.raw_ops.VarHandleOp(
                         dtype=var.dtype, shape=var.shape, shared_name=f"tfswap_measure_{k}")
                     value = tf.compat.v1.placeholder(var.dtype, var.shape)
                     init_ops.append(tf.raw_ops.AssignVariableOp(resource=handle, value=value))
                 init_feed[value] = value_np
-                if not cap.host_homed:
+                if not cap.host_homed and (not captured.replicas
+                                           or same_device(var.device, device)):
                     variable_bytes += int(np.prod(var.shape)) * var.dtype.size
                 input_map[cap.name] = handle
             elif cap.value.dtype == tf.resource:

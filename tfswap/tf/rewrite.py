@@ -51,6 +51,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -236,7 +237,8 @@ def host_values_of(captured: CapturedFunction, graph_def) -> dict[tuple[str, int
                                     handles[n.input[0].partition(":")[0]].device)
              for n in graph_def.node
              if n.op == "ReadVariableOp" and n.input and n.input[0].partition(":")[0] in handles}
-    computing = [n for n in graph_def.node if _computes_on_host(n, captured.device, handles)]
+    computing = [n for n in graph_def.node
+                 if _computes_on_host(n, captured.device, handles, captured.replicas)]
     if computing:
         from tfswap.tf.shapes import import_with_shapes
 
@@ -248,10 +250,11 @@ def host_values_of(captured: CapturedFunction, graph_def) -> dict[tuple[str, int
     return found
 
 
-def _computes_on_host(node, device: str, handles) -> bool:
-    """An op placed off the device that computes (not a variable's read or write,
-    a placeholder or a constant)."""
-    return bool(node.device) and bool(device) and not same_device(node.device, device) \
+def _computes_on_host(node, device: str, handles, replicas=()) -> bool:
+    """An op placed off the device (and off a replicated step's other devices)
+    that computes (not a variable's read or write, a placeholder or a constant)."""
+    return bool(node.device) and bool(device) \
+        and not any(same_device(node.device, d) for d in (device,) + tuple(replicas)) \
         and node.op not in ("Placeholder", "Const", "NoOp") and node.op not in VARIABLE_READERS \
         and not any(i.partition(":")[0] in handles for i in node.input if not i.startswith("^"))
 
@@ -327,7 +330,7 @@ def _write_back_host_updates(graph_def, captured: CapturedFunction, reference: t
     for node in list(graph_def.node):
         if node.op in VARIABLE_READERS or same_device(node.device, device):
             continue
-        if not (_computes_on_host(node, device, handles) or any(
+        if not (_computes_on_host(node, device, handles, captured.replicas) or any(
                 i.partition(":")[0] in handles for i in node.input if not i.startswith("^"))):
             continue
         for slot, raw in enumerate(node.input):
@@ -464,9 +467,10 @@ def _riders(captured: CapturedFunction, plan: Plan, position: dict) -> dict[str,
     return riders
 
 
-def _stand_ins(schedule, nodes: dict, riders: dict) -> dict[str, str]:
-    """Rider -> the op the chain runs just before the rider's place in the
-    schedule ("" where none does: what waits for it may start with the step).
+def _stand_ins(schedule, nodes: dict, riders) -> dict[str, str]:
+    """Rider (or another op the chain leaves out) -> the op the chain runs just
+    before the rider's place in the schedule ("" where none does: what waits
+    for it may start with the step).
 
     What the plan triggers after a rider (a swap-out, a swap-in, a drop) is
     triggered after this op instead.  After the rider itself, a swap-in would
@@ -504,8 +508,12 @@ def _ride_with(nodes: dict, rider: str, anchor: str) -> None:
 
 def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
             emulated_link_bytes_per_s: float | None = None,
-            ordered_copies: bool = False) -> RewrittenGraph:
+            ordered_copies: bool = False, scope: str = SWAP_SCOPE) -> RewrittenGraph:
     """Apply ``plan`` to the captured graph; see the module docstring.
+
+    ``scope``: the name scope of the nodes added (each replica of a replicated
+    step is rewritten in turn, into the graph the previous one left, each with
+    a scope of its own).
 
     ``emulated_link_bytes_per_s``: on the emulated device (CPU kernels), every
     SwapOut and SwapIn created here completes only when a link of that many
@@ -531,7 +539,12 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
     nodes = {n.name: n for n in graph_def.node}
     position = _check_schedule(plan, nodes)
     riders = _riders(captured, plan, position)
-    stand_in = _stand_ins(plan.schedule, nodes, riders)
+    # A replica's plan schedules the values other replicas send it (as sources,
+    # tfswap.tf.ir): their ops are not this device's to order.
+    elsewhere = {op for op in plan.schedule if captured.replicas and nodes[op].device
+                 and not same_device(nodes[op].device, device)
+                 and any(same_device(nodes[op].device, d) for d in captured.replicas)}
+    stand_in = _stand_ins(plan.schedule, nodes, set(riders) | elsewhere)
 
     def trigger(op: str) -> str:
         return stand_in.get(op, op)
@@ -720,7 +733,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
     previous = None
     for op in plan.schedule:
         node = nodes[op]
-        if op in riders:
+        if op in riders or op in elsewhere:
             continue
         if previous is not None and node.input and previous not in _predecessors(node):
             node.input.append("^" + previous)
@@ -730,5 +743,30 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
         _ride_with(nodes, rider, anchor)
 
     topological_order(graph_def)  # raises on a cycle
-    return RewrittenGraph(graph_def, tuple(n for _, n in sorted(swap_nodes, key=lambda e: e[0])),
-                          plan.schedule, device, host)
+    swapped = tuple(n for _, n in sorted(swap_nodes, key=lambda e: e[0]))
+    if scope != SWAP_SCOPE:
+        renamed = _rescoped(graph_def, {n.name for n in captured.graph_def.node}, scope)
+        swapped = tuple(dataclasses.replace(n, swap_out=renamed.get(n.swap_out, n.swap_out),
+                                            swap_in=renamed.get(n.swap_in, n.swap_in))
+                        for n in swapped)
+    return RewrittenGraph(graph_def, swapped, plan.schedule, device, host)
+
+
+def _rescoped(graph_def, before: set, scope: str) -> dict[str, str]:
+    """Move the nodes this rewrite added (under SWAP_SCOPE) to ``scope``, and the
+    inputs that name them; the renames."""
+    prefix = SWAP_SCOPE + "/"
+    renamed = {n.name: scope + "/" + n.name[len(prefix):] for n in graph_def.node
+               if n.name not in before and n.name.startswith(prefix)}
+    clash = set(renamed.values()) & {n.name for n in graph_def.node}
+    if clash:
+        raise RewriteError(f"scope {scope!r}: the graph already has {sorted(clash)[:3]}")
+    for node in graph_def.node:
+        if node.name in renamed:
+            node.name = renamed[node.name]
+        for i, raw in enumerate(node.input):
+            control = raw.startswith("^")
+            op, colon, slot = raw.lstrip("^").partition(":")
+            if op in renamed:
+                node.input[i] = ("^" if control else "") + renamed[op] + colon + slot
+    return renamed
