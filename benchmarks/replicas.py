@@ -20,7 +20,9 @@ each other at the all-reduce) and the same plans re-simulated as if each
 replica had the link to itself (``unshared``); both as slowdowns over the
 simulated unmodified step, against the measured slowdown (the rewritten
 step's median over the paired unmodified step's), so that the machine's
-speed at the time cancels; each device's predicted and measured peak.
+speed at the time cancels; each device's predicted peak (the plan's, and the
+live bytes of its simulation, what TF's allocator holds on the emulated
+device) and measured peak.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODELS = {"cnn": ("cnn", dict(batch=32, image=32, blocks=4)),
           "bert": ("bert", dict(batch=16, seq=128))}
-FIELDS = ["model", "device", "budget_bytes", "predicted_peak_bytes", "measured_peak_bytes",
+FIELDS = ["model", "device", "budget_bytes", "predicted_peak_bytes",
+          "predicted_live_peak_bytes", "measured_peak_bytes",
           "predicted_slowdown", "unshared_slowdown", "measured_slowdown", "swapped_bytes"]
 
 
@@ -67,10 +70,18 @@ def study(name: str, fraction: float, link: float, runs: int, generations: int) 
     plans = [planned.plan] + list(planned.replica_plans)
     lowered = [pipeline.replica_attempt(prepared, pipeline.first_attempt(prepared), r).step
                for r in prepared.replicas]
-    unshared = []
+    unshared, live = [], []
     for st, plan in zip([prepared.step] + lowered, plans):
-        unshared.append(simulator.simulate(st.problem.graph, plan, spec, keep=st.problem.keep,
-                                           compiled=st.problem.compiled).step_time_s)
+        problem = st.problem
+        unshared.append(simulator.simulate(problem.graph, plan, spec, keep=problem.keep,
+                                           compiled=problem.compiled).step_time_s)
+        # What TF's allocator holds on the emulated device: buffers at their own
+        # size (benchmarks/fidelity.py's live peak), plus the unread variables.
+        sim = simulator.simulate(problem.graph, plan, prepared.spec, events=True,
+                                 keep=problem.keep, compiled=problem.compiled)
+        outside = plan.prediction.peak_bytes - sim.peak_bytes
+        live.append(simulator.live_peak_bytes_timed(sim, problem.compiled, plan.schedule)
+                    + outside)
     ideal = max(st.unconstrained.prediction.step_time_s for st in steps)
     traced = measure.run_traced(prepared.captured, graph_def, step.batch, runs=2,
                                 inter_op_threads=2, untraced_runs=runs,
@@ -79,16 +90,17 @@ def study(name: str, fraction: float, link: float, runs: int, generations: int) 
                                  / np.array(traced.reference_times_s))
     predicted = max(p.prediction.step_time_s for p in plans) / ideal
     rows = []
-    for device, plan in zip(devices, plans):
+    for device, plan, live_peak in zip(devices, plans, live):
         on = dataclasses.replace(prepared.captured, device=device)
         peak = max(measure.measure(on, graph_def, step.batch, runs=2, device=device).peak_bytes
                    for _ in range(2))
         rows.append(dict(model=name, device=device, budget_bytes=prepared.budget_bytes,
                          predicted_peak_bytes=plan.prediction.peak_bytes,
-                         measured_peak_bytes=peak, predicted_slowdown=predicted,
+                         predicted_live_peak_bytes=live_peak, measured_peak_bytes=peak, predicted_slowdown=predicted,
                          unshared_slowdown=max(unshared) / ideal, measured_slowdown=measured,
                          swapped_bytes=plan.prediction.swap_out_bytes))
-        print(f"{name} {device}: peak predicted {plan.prediction.peak_bytes} measured {peak} "
+        print(f"{name} {device}: peak predicted {plan.prediction.peak_bytes} (live "
+              f"{live_peak}) measured {peak} "
               f"(budget {prepared.budget_bytes}); slowdown predicted {predicted:.3f} "
               f"(unshared {max(unshared) / ideal:.3f}) measured {measured:.3f}", flush=True)
     return rows
