@@ -54,6 +54,10 @@ SMALLEST_SMALL_BYTES = 4 << 10   # the default small-tensor threshold's floor
 VERIFY_SESSIONS = 2
 MINIMUM_SEARCH_DOUBLINGS = 6   # how far above the unconstrained peak a smallest budget is sought
 NO_SWAP = "tfswap.no-swap"   # the planner name of a step that fits as it is
+# A rewritten replicated step that runs this many times its unmodified step (at
+# least the minimum) is taken as stuck: replicas waiting for each other never return.
+REPLICATED_TIMEOUT_FACTOR = 100
+REPLICATED_MIN_TIMEOUT_S = 60.0
 PARAMETERS = ("auto", "device", "host")   # where variables live between steps
 
 
@@ -944,9 +948,23 @@ def verify(made: Materialized) -> Verified:
                     "sessions")
 
 
+class ReplicasStuckError(RuntimeError):
+    """A replicated step's rewritten graph did not finish: its replicas' plans
+    wait for each other across an all-reduce."""
+
+
+def _replicated_timeout_s(prepared: Prepared) -> float:
+    """How long one run of a rewritten replicated step may take before it is taken
+    as stuck: 100 times the unmodified step (its profile), at least a minute."""
+    step = sum(op.time_s for op in prepared.profile.ops)
+    return max(REPLICATED_MIN_TIMEOUT_S, REPLICATED_TIMEOUT_FACTOR * step)
+
+
 def _verify_replicas(made: Materialized) -> Verified:
     """Each replica's device measured as :func:`verify` measures one; the worst
     device's peak is the step's (the budget is per device)."""
+    import tensorflow as tf
+
     from tfswap.tf import measure
 
     prepared = made.planned.prepared
@@ -959,9 +977,17 @@ def _verify_replicas(made: Materialized) -> Verified:
             peaks[device], out_of_memory = m.peak_bytes, out_of_memory or m.out_of_memory
         else:
             on = dataclasses.replace(prepared.captured, device=device)
-            peaks[device] = max(measure.measure(on, made.rewritten.graph_def, prepared.feed,
-                                                runs=3, warmup=1, device=device).peak_bytes
-                                for _ in range(VERIFY_SESSIONS))
+            try:
+                peaks[device] = max(measure.measure(
+                    on, made.rewritten.graph_def, prepared.feed, runs=3, warmup=1,
+                    device=device, timeout_s=_replicated_timeout_s(prepared)).peak_bytes
+                    for _ in range(VERIFY_SESSIONS))
+            except tf.errors.DeadlineExceededError as err:
+                raise ReplicasStuckError(
+                    f"the rewritten replicated step did not finish within "
+                    f"{_replicated_timeout_s(prepared):.0f} s on the emulated devices: its "
+                    "replicas' plans wait for each other (a tfswap bug: please report it with "
+                    "the step). The unmodified step is untouched.") from err
     how = "the allocator" if prepared.peak_method == measure.ALLOCATOR else \
         f"step stats, worst of 3 runs in each of {VERIFY_SESSIONS} sessions"
     return Verified(made, max(peaks.values()),

@@ -61,3 +61,22 @@ def test_each_replica_fits_its_device_and_trains_as_the_unmodified_replicated_st
     assert losses == expected
     for got, want in zip(step.model.weights, reference.model.weights):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_a_run_whose_collective_never_completes_times_out():
+    """A collective waiting for a member that never comes (what replicas whose plans
+    wait for each other would do) ends the measurement with DeadlineExceededError."""
+    @tf.function
+    def lonely(x):
+        return tf.raw_ops.CollectiveReduceV2(
+            input=x, group_size=tf.constant(2), group_key=tf.constant(7007),
+            instance_key=tf.constant(7007), ordering_token=[], merge_op="Add",
+            final_op="Id")
+
+    cf = lonely.get_concrete_function(tf.TensorSpec([4]))
+    captured = capture.capture(cf, device=emulate.DEVICE)
+    with pytest.raises(tf.errors.DeadlineExceededError):
+        measure.measure(captured, captured.graph_def, [np.ones(4, np.float32)], runs=1,
+                        warmup=0, timeout_s=2.0)
+    with pytest.raises(ValueError, match="timeout_s"):
+        measure.measure(captured, captured.graph_def, [np.ones(4, np.float32)], timeout_s=0)

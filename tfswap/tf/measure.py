@@ -106,7 +106,7 @@ class TracedRuns:
 def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
                warmup: int = 1, device: str = DEVICE, config=None,
                inter_op_threads: int = 2, untraced_runs: int = 0,
-               reference_graph_def=None) -> TracedRuns:
+               reference_graph_def=None, timeout_s: float | None = None) -> TracedRuns:
     """Run ``graph_def`` (with copies of the captured variables) under FULL_TRACE.
 
     ``inputs`` are the flat argument values, in ``captured.args`` order.
@@ -117,8 +117,13 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
     ``reference_graph_def``: another graph of the same step (e.g. the
     unmodified one), run untraced right after each untraced run, in the same
     session on the same variables: the ratio of the two times cancels most of
-    a shared machine's changing load.
+    a shared machine's changing load.  ``timeout_s``: each run's limit; past it
+    the run raises ``tf.errors.DeadlineExceededError`` (a replicated step whose
+    replicas wait for each other would otherwise never return).
     """
+    if timeout_s is not None and not 0 < timeout_s < float("inf"):
+        raise ValueError(f"timeout_s must be None or a finite number of seconds > 0, "
+                         f"got {timeout_s!r}")
     if len(inputs) != len(captured.args):
         raise ValueError(f"measure needs {len(captured.args)} inputs "
                          f"({', '.join(a.path for a in captured.args)}), got {len(inputs)}")
@@ -184,15 +189,17 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
     reference = load(reference_graph_def, "tfswap_reference") \
         if reference_graph_def is not None else None
 
+    limit = int(timeout_s * 1000) if timeout_s is not None else 0
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
-                                      output_partition_graphs=True)
+                                      output_partition_graphs=True, timeout_in_ms=limit)
+    plain = tf.compat.v1.RunOptions(timeout_in_ms=limit)
     step_feed = {input_map[a.name]: np.asarray(v) for a, v in zip(captured.args, inputs)}
     with tf.compat.v1.Session(graph=graph, config=cfg) as sess:
         sess.run(init_ops, feed_dict=init_feed)
         for _ in range(warmup):
-            sess.run((fetches, targets), feed_dict=step_feed)
+            sess.run((fetches, targets), feed_dict=step_feed, options=plain)
             if reference is not None:
-                sess.run(reference, feed_dict=step_feed)
+                sess.run(reference, feed_dict=step_feed, options=plain)
         times, saved, untraced, paired = [], [], [], []
         # Traced and untraced runs alternate, so that a change in the machine's
         # load touches both alike.
@@ -206,11 +213,11 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
                 saved.append(metadata)
             if k < untraced_runs:
                 start = time.perf_counter()
-                sess.run((fetches, targets), feed_dict=step_feed)
+                sess.run((fetches, targets), feed_dict=step_feed, options=plain)
                 untraced.append(time.perf_counter() - start)
                 if reference is not None:
                     start = time.perf_counter()
-                    sess.run(reference, feed_dict=step_feed)
+                    sess.run(reference, feed_dict=step_feed, options=plain)
                     paired.append(time.perf_counter() - start)
     return TracedRuns(tuple(saved), tuple(times), variable_bytes, tuple(untraced),
                       tuple(paired))
@@ -218,14 +225,15 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
 
 def measure(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
             warmup: int = 1, device: str = DEVICE, config=None,
-            inter_op_threads: int = 2) -> Measurement:
+            inter_op_threads: int = 2, timeout_s: float | None = None) -> Measurement:
     """Run ``graph_def`` (with copies of the captured variables) and measure it.
 
     ``inputs`` are the flat argument values, in ``captured.args`` order.
-    ``inter_op_threads``: 2 by default (see :func:`run_traced`).
+    ``inter_op_threads``: 2 by default; ``timeout_s``: each run's limit (see
+    :func:`run_traced`).
     """
     traced = run_traced(captured, graph_def, inputs, runs=runs, warmup=warmup, device=device,
-                        config=config, inter_op_threads=inter_op_threads)
+                        config=config, inter_op_threads=inter_op_threads, timeout_s=timeout_s)
     last = traced.metadata[-1]
     peaks = [transient_peak(md.step_stats, device) for md in traced.metadata]
     variable_bytes = traced.variable_bytes
