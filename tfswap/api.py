@@ -323,6 +323,11 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
         raise PlanFormatError(f"{path}: {err}") from err
     device, host = pipeline.placement(device, host)
     captured = capture_mod.capture(concrete_fn, device=device)
+    if captured.replicas:
+        raise PlanMismatchError(
+            f"{path} is one plan, and this step is replicated over "
+            f"{', '.join(captured.replicas)}: a replicated step's plans (one per replica) are "
+            "not saved to files yet; plan it with tfswap.optimize")
     relocation = None
     to_move = [c for c in captured.captures if c.variable is not None and not c.host_homed
                and c.name in set(plan.host_variables)]

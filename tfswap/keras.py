@@ -108,7 +108,17 @@ def build_for(model, data, kind: str = "train") -> None:
         model._symbolic_build(data_batch=data)
 
 
-def step_function(model, data, kind: str = "train", spec=None):
+def per_replica(model, data):
+    """The replicas' own batches, one structure per replica, where ``fit`` under a
+    ``MirroredStrategy`` feeds ``data`` as distributed values; None where it
+    feeds plain tensors."""
+    if not any(isinstance(leaf, tf.distribute.DistributedValues)
+               for leaf in tf.nest.flatten(data)):
+        return None
+    return tuple(model.distribute_strategy.experimental_local_results(data))
+
+
+def step_function(model, data, kind: str = "train", spec=None, replicated: bool = False):
     """The ConcreteFunction of one Keras step for batches shaped like ``data``.
 
     ``kind``: "train" (``model.train_step``, which updates the weights, the
@@ -121,7 +131,10 @@ def step_function(model, data, kind: str = "train", spec=None):
     ``data``'s shapes, because a trace with static shapes is not bit for bit
     the same step (Grappler folds the batch size into constants).  This is
     what :class:`SwapCallback` hands to :func:`tfswap.optimize`; use it to
-    measure the unmodified step::
+    measure the unmodified step.  ``replicated``: ``data`` is one batch per
+    replica of the model's ``MirroredStrategy`` (:func:`per_replica`), each
+    replica steps on its own, and the outputs are reduced across replicas as
+    Keras reduces them::
 
         cf = tfswap.keras.step_function(model, (x[:32], y[:32]))
         captured = tfswap.tf.capture.capture(cf)
@@ -134,10 +147,19 @@ def step_function(model, data, kind: str = "train", spec=None):
             "predict": model.predict_step}[kind]
     strategy = model.distribute_strategy
 
-    build_for(model, data, kind)
+    build_for(model, data[0] if replicated else data, kind)
 
     def one_step(batch):
-        return strategy.run(step, args=(batch,))
+        if replicated:
+            batch = strategy.experimental_distribute_values_from_function(
+                lambda context: batch[context.replica_id_in_sync_group])
+        outputs = strategy.run(step, args=(batch,))
+        if strategy.num_replicas_in_sync > 1:   # as Keras's own step function
+            from keras.src.backend.tensorflow.trainer import reduce_per_replica
+
+            outputs = reduce_per_replica(outputs, strategy,
+                                         reduction="concat" if kind == "predict" else "auto")
+        return outputs
 
     static = _specs(data)
     if spec is None or all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
@@ -182,8 +204,11 @@ class SwapCallback(keras.callbacks.Callback):
     shapes, so every batch is weighted by its size.  The total ``loss``,
     the metrics and the weights are unaffected.
 
-    Not supported (a clear error at ``fit``): ``tf.distribute`` strategies
-    and ``run_eagerly=True``.  With ``jit_compile=True`` (Keras's "auto"
+    Under a ``tf.distribute.MirroredStrategy`` each replica's batch is its
+    own argument of the planned step, and each device is planned for the
+    budget (:func:`tfswap.optimize` on a replicated step); such plans are not
+    saved to ``plan_path``.  Not supported (a clear error at ``fit``): other
+    ``tf.distribute`` strategies and ``run_eagerly=True``.  With ``jit_compile=True`` (Keras's "auto"
     where a GPU exists) the planned steps run without XLA, after a warning.
 
     Example::
@@ -260,10 +285,13 @@ class SwapCallback(keras.callbacks.Callback):
 
     def _install(self, kind: str) -> None:
         model = self.model
-        if model._distribute_strategy is not None or tf.distribute.has_strategy():
+        strategy = model._distribute_strategy or (tf.distribute.get_strategy()
+                                                  if tf.distribute.has_strategy() else None)
+        if strategy is not None and not isinstance(strategy, tf.distribute.MirroredStrategy):
             raise RuntimeError(
-                "tfswap.keras.SwapCallback runs one device's step; it does not support "
-                "tf.distribute strategies. Build and fit the model outside strategy.scope().")
+                "tfswap.keras.SwapCallback plans one machine's replicas: of the tf.distribute "
+                f"strategies it supports MirroredStrategy, not {type(strategy).__name__}. Fit "
+                "under a MirroredStrategy, or outside any strategy.")
         if getattr(model, "jit_compile", False) and "jit_compile" not in self._warned:
             # Keras turns XLA on by default where a GPU exists ("auto"); XLA would
             # lay out memory itself, so the planned step runs as a TF graph.
@@ -357,20 +385,24 @@ class SwapCallback(keras.callbacks.Callback):
                 yield data
 
     def _step(self, kind: str, data, spec=None):
+        original, replicas = data, per_replica(self.model, data)
+        if replicas is not None:   # fit under a MirroredStrategy: a batch per replica
+            data, spec = replicas, None
         try:
             key = (kind, batch_signature(data, spec))
         except TypeError as err:
-            return self._keras_step(kind, data, f"{err}; Keras's own step runs it")
+            return self._keras_step(kind, original, f"{err}; Keras's own step runs it")
         if key not in self.functions:
             planned = [k for k in self.functions if k[0] == kind and self.functions[k]]
             if planned and self.new_shapes == "original":
                 self.functions[key] = None
             else:
-                self.functions[key] = self._prepare(kind, data, key, spec)
+                self.functions[key] = self._prepare(kind, data, key, spec,
+                                                    replicas is not None)
         fast = self.functions[key]
         if fast is None:
             return self._keras_step(
-                kind, data, f"a {kind} batch shaped {_shapes(key[1])} differs from the planned "
+                kind, original, f"a {kind} batch shaped {_shapes(key[1])} differs from the planned "
                 f"one; Keras's unmodified step runs it (new_shapes='original'), so it is not "
                 f"held to the memory budget")
         return fast(data)
@@ -385,10 +417,11 @@ class SwapCallback(keras.callbacks.Callback):
 
     # -- Planning.
 
-    def _prepare(self, kind: str, data, key, spec=None):
-        cf = step_function(self.model, data, kind, spec)
+    def _prepare(self, kind: str, data, key, spec=None, replicated: bool = False):
+        cf = step_function(self.model, data, kind, spec, replicated)
         inputs = [np.asarray(leaf) for leaf in tf.nest.flatten(data)]
-        path = self._file(kind, key)
+        # A replicated step's plans (one per replica) are not saved to files yet.
+        path = None if replicated else self._file(kind, key)
         fast = self._load(path, cf) if path is not None and path.exists() else None
         if fast is None:
             fast = tfswap.optimize(cf, self.memory_budget, inputs=inputs, **self._options)
@@ -457,4 +490,4 @@ def _shapes(signature) -> str:
     return ", ".join(f"{list(shape)} {dtype}" for _, shape, dtype, _ in signature)
 
 
-__all__ = ["SwapCallback", "batch_signature", "build_for", "step_function"]
+__all__ = ["SwapCallback", "batch_signature", "build_for", "per_replica", "step_function"]

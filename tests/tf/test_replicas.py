@@ -80,3 +80,62 @@ def test_a_run_whose_collective_never_completes_times_out():
                         warmup=0, timeout_s=2.0)
     with pytest.raises(ValueError, match="timeout_s"):
         measure.measure(captured, captured.graph_def, [np.ones(4, np.float32)], timeout_s=0)
+
+
+def _keras_cnn():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    with STRATEGY.scope():
+        model = keras.Sequential(
+            [keras.Input((32, 32, 3))]
+            + [layer for _ in range(4) for layer in (
+                layers.Conv2D(16, 3, padding="same", use_bias=False),
+                layers.BatchNormalization(), layers.ReLU())]
+            + [layers.GlobalAveragePooling2D(), layers.Dense(10)])
+        model.compile(optimizer="adam", jit_compile=False,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_swap_callback_under_a_mirrored_strategy_fits_as_plain_fit():
+    """``fit`` under the strategy feeds each replica its shard; the callback plans the
+    replicated step at half the larger device's peak and trains exactly as plain fit."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((96, 32, 32, 3), dtype=np.float32)
+    y = rng.integers(0, 10, 96).astype(np.int32)
+    plain, model = _keras_cnn(), _keras_cnn()
+    shards = ((x[:16], y[:16]), (x[16:32], y[16:32]))
+    cf = tfswap.keras.step_function(_keras_cnn(), shards, "train", replicated=True)
+    captured = capture.capture(cf, device=emulate.DEVICE)
+    inputs = [leaf for shard in shards for leaf in shard]
+    peak = max(measure.measure(dataclasses.replace(captured, device=d), captured.graph_def,
+                               inputs, runs=2, device=d).peak_bytes for d in REPLICAS)
+    budget = peak // 2
+    expected = plain.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False).history
+    callback = tfswap.keras.SwapCallback(memory_budget=budget, generations=2, workers=1,
+                                         verbose=0)
+    got = model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False,
+                    callbacks=[callback]).history
+    assert got == expected
+    for a, b in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    planned = [fast for fast in callback.functions.values() if fast is not None]
+    assert planned and all(len(fast.replica_plans) == 1 for fast in planned)
+    assert any(fast.plan.swaps for fast in planned)
+    assert all(fast.measured_peak_bytes is not None and fast.measured_peak_bytes <= budget
+               for fast in planned if fast.plan.swaps)
+
+
+def test_swap_callback_refuses_a_strategy_other_than_mirrored():
+    import keras
+
+    strategy = tf.distribute.OneDeviceStrategy(emulate.DEVICE)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile(optimizer="sgd", loss="mse", jit_compile=False)
+    callback = tfswap.keras.SwapCallback(memory_budget="1MiB", generations=1, verbose=0)
+    with pytest.raises(RuntimeError, match="supports MirroredStrategy, not OneDeviceStrategy"):
+        model.fit(np.ones((8, 4), np.float32), np.ones((8, 2), np.float32), batch_size=4,
+                  epochs=1, verbose=0, callbacks=[callback])
