@@ -63,23 +63,32 @@ def test_each_replica_fits_its_device_and_trains_as_the_unmodified_replicated_st
         np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
+def _lonely(group_size):
+    """A step whose all-reduce has ``group_size`` members, one of them here."""
+    @tf.function
+    def lonely(x, size):
+        return tf.raw_ops.CollectiveReduceV2(
+            input=x, group_size=size if group_size is None else tf.constant(group_size),
+            group_key=tf.constant(7007), instance_key=tf.constant(7007), ordering_token=[],
+            merge_op="Add", final_op="Id")
+
+    return lonely.get_concrete_function(tf.TensorSpec([4]), tf.TensorSpec([], tf.int32))
+
+
 def test_a_run_whose_collective_never_completes_times_out():
     """A collective waiting for a member that never comes (what replicas whose plans
     wait for each other would do) ends the measurement with DeadlineExceededError."""
-    @tf.function
-    def lonely(x):
-        return tf.raw_ops.CollectiveReduceV2(
-            input=x, group_size=tf.constant(2), group_key=tf.constant(7007),
-            instance_key=tf.constant(7007), ordering_token=[], merge_op="Add",
-            final_op="Id")
-
-    cf = lonely.get_concrete_function(tf.TensorSpec([4]))
-    captured = capture.capture(cf, device=emulate.DEVICE)
+    captured = capture.capture(_lonely(None), device=emulate.DEVICE)  # size known at run
+    inputs = [np.ones(4, np.float32), np.int32(2)]
     with pytest.raises(tf.errors.DeadlineExceededError):
-        measure.measure(captured, captured.graph_def, [np.ones(4, np.float32)], runs=1,
-                        warmup=0, timeout_s=2.0)
+        measure.measure(captured, captured.graph_def, inputs, runs=1, warmup=0, timeout_s=2.0)
     with pytest.raises(ValueError, match="timeout_s"):
-        measure.measure(captured, captured.graph_def, [np.ones(4, np.float32)], timeout_s=0)
+        measure.measure(captured, captured.graph_def, inputs, timeout_s=0)
+
+
+def test_a_collective_with_members_on_other_workers_is_refused():
+    with pytest.raises(capture.CaptureError, match="gathers 2 members and this step has 1"):
+        capture.capture(_lonely(2), device=emulate.DEVICE)
 
 
 def _keras_cnn():

@@ -219,6 +219,7 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
         CapturedTensor(ph.name, value, owner.get(id(value)),
                        _elsewhere(owner.get(id(value)), device, replicas))
         for ph, value in zip(concrete_fn.inputs[n_args:], captured_values))
+    _refuse_other_members(graph_def, captures, replicas)
 
     structured = concrete_fn.structured_outputs
     fetches = tuple(t.name for t in tf.nest.flatten(structured) if isinstance(t, tf.Tensor))
@@ -303,6 +304,38 @@ def _on_resource_devices(graph_def, captures) -> None:
             if not raw.startswith("^") and source in homes:
                 node.device = homes[source]
                 break
+
+
+def _refuse_other_members(graph_def, captures, replicas) -> None:
+    """Raise :class:`CaptureError` for a collective with more members than the step
+    has replicas here (``MultiWorkerMirroredStrategy``: the others are on other
+    workers).  tfswap profiles and verifies a step in a local session, where
+    such a collective would wait for members that never come."""
+    nodes = {n.name: n for n in graph_def.node}
+    values = {c.name.partition(":")[0]: c.value for c in captures
+              if c.variable is None and c.value.dtype != tf.resource}
+    local = max(1, len(replicas))
+    for node in graph_def.node:
+        if node.op not in COLLECTIVE_OPS:
+            continue
+        if "group_size" in node.attr:
+            size = node.attr["group_size"].i
+        else:
+            data = [i for i in node.input if not i.startswith("^")]
+            source = data[1].partition(":")[0] if len(data) > 1 else ""
+            if source in nodes and nodes[source].op == "Const":
+                size = int(tf.make_ndarray(nodes[source].attr["value"].tensor))
+            elif source in values:
+                size = int(values[source].numpy())
+            else:
+                continue   # not known before it runs
+        if size > local:
+            raise CaptureError(
+                f"{node.op} {node.name!r} gathers {size} members and this step has {local} "
+                "replica(s) here: the others are on other workers (MultiWorkerMirroredStrategy), "
+                "which tfswap does not plan yet (it profiles and verifies the step in a local "
+                "session, where the collective would wait for them). Train with a "
+                "MirroredStrategy on one machine.")
 
 
 def _owners_of(handles) -> dict:
