@@ -1019,9 +1019,14 @@ def after_infeasible(prepared: Prepared, attempt: Attempt, err: Infeasible) -> A
                 f"planned with {step.small} B")
         return _attempt_at(prepared, step, attempt.pool_layout, threshold_lowered=True,
                            notes=attempt.notes + (note,))
-    minimum = minimum_budget(prepared, attempt)
+    def smallest(at: Attempt) -> int:   # every replica's device must hold its part
+        return max([minimum_budget(prepared, at)] + [
+            minimum_budget(prepared, replica_attempt(prepared, at, r))
+            for r in prepared.replicas])
+
+    minimum = smallest(attempt)
     if attempt.threshold_lowered:
-        minimum = min(minimum, minimum_budget(prepared, first_attempt(prepared)))
+        minimum = min(minimum, smallest(first_attempt(prepared)))
     raise BudgetError(
         f"memory_budget {prepared.options.memory_budget!r} ({prepared.budget_bytes} bytes) is "
         f"below what this step needs at once: {working_set_text(attempt.step.problem)}. The "

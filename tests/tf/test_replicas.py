@@ -148,3 +148,15 @@ def test_swap_callback_refuses_a_strategy_other_than_mirrored():
     with pytest.raises(RuntimeError, match="supports MirroredStrategy, not OneDeviceStrategy"):
         model.fit(np.ones((8, 4), np.float32), np.ones((8, 2), np.float32), batch_size=4,
                   epochs=1, verbose=0, callbacks=[callback])
+
+
+def test_the_smallest_budget_a_replicated_step_is_refused_with_works_on_every_device():
+    step = replicated(zoo.cnn, batch=32, image=32, blocks=4)
+    with pytest.raises(tfswap.BudgetError, match="smallest budget that can work is about") as err:
+        tfswap.optimize(step.concrete_fn, 100_000, device=emulate.DEVICE, host=emulate.HOST,
+                        generations=1, workers=1, inputs=step.batch)
+    smallest = int(str(err.value).split("smallest budget that can work is about ")[1].split()[0])
+    fast = tfswap.optimize(step.concrete_fn, smallest, device=emulate.DEVICE,
+                           host=emulate.HOST, generations=1, workers=1, inputs=step.batch)
+    assert fast.measured_peak_bytes is None or fast.measured_peak_bytes <= smallest
+    assert len(fast.replica_plans) == 1
