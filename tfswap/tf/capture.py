@@ -306,32 +306,46 @@ def _on_resource_devices(graph_def, captures) -> None:
                 break
 
 
+def collective_params(graph_def, captures) -> dict[str, dict]:
+    """Collective op -> its ``group_size``, ``group_key`` and ``instance_key``:
+    attributes of the V1 ops, inputs 1-3 of the V2 ones where those are
+    constants or captured values; None where not known before the step runs."""
+    nodes = {n.name: n for n in graph_def.node}
+    values = {c.name.partition(":")[0]: c.value for c in captures
+              if c.variable is None and c.value.dtype != tf.resource}
+
+    def known(raw: str):
+        name = raw.partition(":")[0]
+        if name in nodes and nodes[name].op == "Const":
+            return int(tf.make_ndarray(nodes[name].attr["value"].tensor))
+        return int(values[name].numpy()) if name in values else None
+
+    names = ("group_size", "group_key", "instance_key")
+    found = {}
+    for node in graph_def.node:
+        if node.op not in COLLECTIVE_OPS:
+            continue
+        if "instance_key" in node.attr:
+            found[node.name] = {k: node.attr[k].i for k in names}
+        else:
+            data = [i for i in node.input if not i.startswith("^")]
+            found[node.name] = {k: known(data[j]) if len(data) > j else None
+                                for j, k in enumerate(names, 1)}
+    return found
+
+
 def _refuse_other_members(graph_def, captures, replicas) -> None:
     """Raise :class:`CaptureError` for a collective with more members than the step
     has replicas here (``MultiWorkerMirroredStrategy``: the others are on other
     workers).  tfswap profiles and verifies a step in a local session, where
     such a collective would wait for members that never come."""
-    nodes = {n.name: n for n in graph_def.node}
-    values = {c.name.partition(":")[0]: c.value for c in captures
-              if c.variable is None and c.value.dtype != tf.resource}
     local = max(1, len(replicas))
-    for node in graph_def.node:
-        if node.op not in COLLECTIVE_OPS:
-            continue
-        if "group_size" in node.attr:
-            size = node.attr["group_size"].i
-        else:
-            data = [i for i in node.input if not i.startswith("^")]
-            source = data[1].partition(":")[0] if len(data) > 1 else ""
-            if source in nodes and nodes[source].op == "Const":
-                size = int(tf.make_ndarray(nodes[source].attr["value"].tensor))
-            elif source in values:
-                size = int(values[source].numpy())
-            else:
-                continue   # not known before it runs
-        if size > local:
+    nodes = {n.name: n for n in graph_def.node}
+    for name, params in collective_params(graph_def, captures).items():
+        size = params["group_size"]
+        if size is not None and size > local:
             raise CaptureError(
-                f"{node.op} {node.name!r} gathers {size} members and this step has {local} "
+                f"{nodes[name].op} {name!r} gathers {size} members and this step has {local} "
                 "replica(s) here: the others are on other workers (MultiWorkerMirroredStrategy), "
                 "which tfswap does not plan yet (it profiles and verifies the step in a local "
                 "session, where the collective would wait for them). Train with a "

@@ -54,7 +54,8 @@ from tfswap.core import liveness
 from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.profile import Profile
 from tfswap.tf import grappler
-from tfswap.tf.capture import COLLECTIVE_OPS, CapturedFunction, same_device
+from tfswap.tf.capture import (COLLECTIVE_OPS, CapturedFunction, collective_params,
+                                same_device)
 from tfswap.tf.recomputable import merged, refusal
 from tfswap.tf.shapes import import_with_shapes
 
@@ -455,34 +456,14 @@ def _this_replica(ops: list[Op], tensors: list[Tensor], captured: CapturedFuncti
 
 def collective_keys(captured: CapturedFunction) -> dict[str, tuple]:
     """Collective op -> what one all-reduce (gather, broadcast) of all replicas
-    shares: its group and instance keys (attributes of the V1 ops; inputs of
-    the V2 ones, constants or captured values); the op's own name where they
-    are neither."""
-    graph_def = captured.graph_def
-    nodes = {n.name: n for n in graph_def.node}
-    values = {c.name.partition(":")[0]: c.value for c in captured.captures
-              if c.variable is None and c.value.dtype != tf.resource}
-
-    def constant(raw: str):
-        node = nodes.get(raw.partition(":")[0])
-        if node is not None and node.op == "Const":
-            return tuple(tf.make_ndarray(node.attr["value"].tensor).ravel().tolist())
-        if raw.partition(":")[0] in values:
-            return tuple(np.asarray(values[raw.partition(":")[0]]).ravel().tolist())
-        return None
-
+    shares: its type, group and instance keys
+    (:func:`tfswap.tf.capture.collective_params`); the op's own name where
+    they are not known before the step runs."""
+    nodes = {n.name: n for n in captured.graph_def.node}
     found = {}
-    for node in graph_def.node:
-        if node.op not in COLLECTIVE_OPS:
-            continue
-        if "instance_key" in node.attr:
-            key = (node.op, node.attr["group_key"].i, node.attr["instance_key"].i)
-        else:
-            data = [i for i in node.input if not i.startswith("^")]
-            key = (node.op, constant(data[2]), constant(data[3])) if len(data) > 3 else None
-            if key is None or None in key:
-                key = (node.name,)
-        found[node.name] = key
+    for name, params in collective_params(captured.graph_def, captured.captures).items():
+        key = (nodes[name].op, params["group_key"], params["instance_key"])
+        found[name] = (name,) if None in key else key
     return found
 
 
