@@ -229,3 +229,50 @@ def test_the_registered_byte_planner_recomputes_what_the_problem_allows():
     swaps_only = planners.run("tfswap.bytes", Problem.of(graph), int(0.7 * peak), spec).plan
     assert not any(s.kind == "recompute" for s in swaps_only.swaps)
     assert plan.prediction.step_time_s < swaps_only.prediction.step_time_s
+
+
+def _two_ways_to_make_room():
+    """x, then a (slow to make again) and b (fast), both 8 MB; an op at f1 passes a
+    22 MB cap while both are held; b is read next at rb, a later at ra."""
+    from tfswap.core.graph import DataflowGraph, Op, Tensor
+
+    mb = 1 << 20
+    ops = [Op("x", "Placeholder", time_s=1e-4),
+           Op("a", "Slow", ("x:0",), time_s=10e-3),
+           Op("b", "Fast", ("x:0",), time_s=1e-4),
+           Op("f1", "Fill", ("x:0",), time_s=1e-3),
+           Op("f2", "Fill", ("f1:0",), time_s=1e-3),
+           Op("rb", "Read", ("b:0", "f2:0"), time_s=1e-3),
+           Op("ra", "Read", ("a:0", "rb:0", "x:0"), time_s=1e-3)]
+    sizes = {"x": mb, "a": 8 * mb, "b": 8 * mb, "f1": 6 * mb, "f2": 2 * mb, "rb": 2 * mb,
+             "ra": 2 * mb}
+    graph = DataflowGraph.build(ops, [Tensor(f"{n}:0", nbytes=s) for n, s in sizes.items()])
+    return graph, 22 * mb
+
+
+def test_both_drop_orders_are_tried_and_the_cheaper_remake_wins():
+    """Farthest-first drops ``a`` (used last) and makes it again for 10 ms; the
+    cheapest-per-byte order drops ``b`` (0.1 ms).  The planner tries both and
+    keeps the faster, so the plan remakes ``b``."""
+    import dataclasses
+
+    from tfswap.core.problem import Problem
+    from tfswap.core.program import from_plan
+
+    spec = dataclasses.replace(SPEC, h2d_bytes_per_s=1e8, d2h_bytes_per_s=1e8,
+                               duplex_bytes_per_s=1.5e8)
+    graph, cap = _two_ways_to_make_room()
+    problem = Problem.of(graph, small_threshold_bytes=0, recomputable=["a", "b"])
+    cg = problem.compiled
+    order = cg.order_of(None)
+    made = {}
+    for drop_order in byte_planner.DROP_ORDERS:
+        prog = byte_planner.build_program(cg, order, spec, cap, recompute={1, 2},
+                                          drop_order=drop_order)
+        made[drop_order] = {graph.ops[op].name for rec in prog.recomputes for op in rec.ops}
+    assert made == {"farthest": {"a"}, "cheapest": {"b"}}
+    plan = byte_planner.plan(graph, cap, spec, compiled=cg, small_threshold_bytes=0,
+                             recomputable=problem.recomputable)
+    prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
+    assert [graph.ops[op].name for rec in prog.recomputes for op in rec.ops] == ["b"]
+    assert simulate(graph, plan, spec, compiled=cg).peak_bytes <= cap
