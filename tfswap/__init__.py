@@ -11,11 +11,13 @@ Example::
 
     fast = tfswap.optimize(concrete_fn, memory_budget="12GiB")
     fast(x, y)
+    fast = tfswap.optimize(concrete_fn, "12GiB", background=True)   # starts at once
     model.fit(ds, callbacks=[tfswap.keras.SwapCallback(memory_budget="12GiB")])
 """
 
 import importlib
 
+from tfswap.anytime import AnytimeFunction
 from tfswap.api import NoDeviceError, OptimizedFunction, PlanMismatchError, load_plan, optimize
 from tfswap.core.budget import BudgetError
 from tfswap.core.plan import Plan, Prediction, Swap
@@ -29,5 +31,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'tfswap' has no attribute {name!r}")
 
 
-__all__ = ["BudgetError", "NoDeviceError", "OptimizedFunction", "Plan", "PlanMismatchError",
+__all__ = ["AnytimeFunction", "BudgetError", "NoDeviceError", "OptimizedFunction", "Plan", "PlanMismatchError",
            "Prediction", "Swap", "load_plan", "optimize", "__version__"]

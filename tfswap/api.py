@@ -15,11 +15,13 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tfswap import pipeline
+from tfswap import anytime, pipeline
 from tfswap.core import search as ga
 from tfswap.core.budget import BudgetError
 from tfswap.core.devices import DeviceSpec
@@ -177,7 +179,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
              small_tensor_bytes: int | None = None, verify_rounds: int = 3,
              pool_layout: str = "shared", byte_planner: bool = False,
              progress: bool = False, parameters: str = "auto",
-             recompute: bool = True) -> OptimizedFunction:
+             recompute: bool = True, background: bool = False):
     """Plan swaps for ``concrete_fn`` so it runs within ``memory_budget`` of device memory.
 
     ``memory_budget``: bytes, a string such as "12GiB", or a fraction of the
@@ -189,6 +191,11 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     "auto" (default), "device" or "host", where the variables live between
     steps; moved variables stay the user's objects.  ``recompute``: tensors
     cheaper to compute again than to move are recomputed (False: swaps only).
+    ``background``: False (default) searches, verifies and returns when done;
+    True returns in seconds a :class:`tfswap.anytime.AnytimeFunction` running
+    on a first plan (each search's first generation), verified, while the full
+    search goes on in a background thread; its plan, verified, takes over
+    at a later call (:mod:`tfswap.anytime`).
     Every argument
     is described, with its unit and default, in :class:`tfswap.pipeline.Options`;
     the stages are :mod:`tfswap.pipeline`'s.  Returns an
@@ -207,29 +214,63 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
         small_tensor_bytes=small_tensor_bytes, verify_rounds=verify_rounds,
         pool_layout=pool_layout, byte_planner=byte_planner, progress=progress,
         parameters=parameters, recompute=recompute)
+    if not isinstance(background, bool):
+        raise ValueError(f"background must be True or False, got {background!r}")
+    started = time.monotonic()
     prepared = pipeline.prepare(concrete_fn, options)
-    if parameters == "host":
+    if not background:
+        return _placed(prepared)[0]
+    try:
+        first, used = _placed(pipeline.first_round(prepared))
+    except BudgetError:
+        # No first-round plan measured within the budget (its remedies are the
+        # full search's, on fewer candidates): the full search, in the foreground.
+        return anytime.AnytimeFunction(
+            _placed(prepared)[0], outcome="searched in the foreground: no plan of the first "
+            "round measured within the budget")
+    if all(p.planner == pipeline.NO_SWAP for p in (first.plan,) + first.replica_plans):
+        return anytime.AnytimeFunction(first)   # it fits as it is: nothing to search
+    spent = time.monotonic() - started
+
+    def search(stop_when, between_calls) -> OptimizedFunction:
+        # The rest of search_time, counted from when this search starts (searches
+        # queue behind each other), or the same generations as in the foreground.
+        seconds = None if generations is not None else max(search_time - spent, 0.0)
+        again = pipeline.searching_again(used, prepared.options, seconds, stop_when)
+        return _planned(again, between_calls)
+
+    return anytime.AnytimeFunction(first, search)
+
+
+def _placed(prepared: pipeline.Prepared) -> tuple[OptimizedFunction, pipeline.Prepared]:
+    """The verified plan with the parameters where ``parameters`` says, and the
+    step it was planned on (with the variables moved, if they were)."""
+    if prepared.options.parameters == "host":
         return _on_host(prepared)
     try:
-        return _planned(prepared)
+        return _planned(prepared), prepared
     except BudgetError:
         # "auto": no plan fits with the parameters on the device; try them on the host.
-        if parameters == "device" or not pipeline.movable_parameters(prepared):
+        if prepared.options.parameters == "device" or \
+                not pipeline.movable_parameters(prepared):
             raise
         return _on_host(prepared)
 
 
-def _on_host(prepared: pipeline.Prepared) -> OptimizedFunction:
+def _on_host(prepared: pipeline.Prepared) -> tuple[OptimizedFunction, pipeline.Prepared]:
     moved = pipeline.place_parameters(prepared)
     try:
-        return _planned(moved)
+        return _planned(moved), moved
     except BaseException:
         pipeline.restore_parameters(moved)   # no plan: the user's variables go back
         raise
 
 
-def _planned(prepared: pipeline.Prepared) -> OptimizedFunction:
-    """Plan, rewrite and verify until a plan measures within the budget."""
+def _planned(prepared: pipeline.Prepared,
+             between_calls=contextlib.nullcontext) -> OptimizedFunction:
+    """Plan, rewrite and verify until a plan measures within the budget; each
+    verification inside ``between_calls()`` (a background search's: no call of
+    the running step overlaps it)."""
     attempt = pipeline.first_attempt(prepared)
     while True:
         try:
@@ -237,7 +278,9 @@ def _planned(prepared: pipeline.Prepared) -> OptimizedFunction:
         except Infeasible as err:
             attempt = pipeline.after_infeasible(prepared, attempt, err)
             continue
-        verified = pipeline.verify(pipeline.materialize(planned))
+        made = pipeline.materialize(planned)
+        with between_calls():
+            verified = pipeline.verify(made)
         if verified.within_budget:
             return _function(verified)
         attempt = pipeline.refine(verified)

@@ -14,7 +14,12 @@ callbacks see what they would see without the callback.
 Plans are made lazily, on the first batch of each input signature (shapes
 and dtypes), because only then is the batch ``fit`` feeds known; a last,
 smaller batch gets a plan of its own (or, with ``new_shapes="original"``,
-runs Keras's step after one warning).
+runs Keras's step after one warning).  By default (``background=True``) each
+signature starts on a first plan made in seconds and verified, and the full
+search goes on in a background thread; its plan, verified, takes over at a
+step boundary (:mod:`tfswap.anytime`).  Plans are kept under the user's
+cache directory (``$XDG_CACHE_HOME/tfswap``, else ``~/.cache/tfswap``), so
+the next ``fit`` of the same model and budget starts on the best plan found.
 
 Example::
 
@@ -30,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import os
 import warnings
 from pathlib import Path
 
@@ -44,6 +50,30 @@ from tfswap.core.budget import parse_budget
 
 KINDS = ("train", "test", "predict")
 NEW_SHAPES = ("plan", "original")
+
+
+class _UserCache:
+    """``plan_path``'s default: the user's cache directory (:func:`default_plan_path`)."""
+
+    def __repr__(self) -> str:
+        return "tfswap.keras.USER_CACHE"
+
+
+USER_CACHE = _UserCache()
+
+
+def default_plan_path() -> Path:
+    """Where :class:`SwapCallback` keeps plans by default: ``tfswap`` under
+    ``$XDG_CACHE_HOME`` (the XDG base directory rule), else ``~/.cache/tfswap``.
+
+    Example::
+
+        tfswap.keras.default_plan_path()     # PosixPath('/home/me/.cache/tfswap')
+    """
+    root = os.environ.get("XDG_CACHE_HOME") or ""
+    # The XDG rule: a relative path there is to be ignored.
+    base = Path(root) if os.path.isabs(root) else Path.home() / ".cache"
+    return base / "tfswap"
 
 
 def _require_tensorflow_backend() -> None:
@@ -184,10 +214,16 @@ class SwapCallback(keras.callbacks.Callback):
     checkpoints see every update, and Keras's own functions (and any other
     ``tf.function`` traced before) follow them to the host and keep working.
     ``plan_path``: a directory; each plan is saved there under a name made
-    of the step kind and the batch signature, and loaded from there next
-    time if it was made for the same graph and budget (else re-planned and
-    saved).  ``verbose``: 1 prints each plan's summary when it is made or
-    loaded, 0 prints nothing.  ``new_shapes``: what a batch of a shape not
+    of the model's name, the step kind and the batch signature, and loaded
+    from there next time if it was made for the same graph and budget (else
+    re-planned and saved).  Default :data:`USER_CACHE`: :func:`default_plan_path`;
+    None: plans are not saved.  ``background``: True (default) starts each
+    step on a first plan made in seconds while the full search
+    (``search_time`` or ``generations``) runs in a background thread, and
+    switches to its plan at a step boundary where it is faster (plans are
+    saved once their search has ended); False searches before the first
+    step.  ``verbose``: 1 prints each plan's summary when it is made or
+    loaded and each switch, 0 prints nothing.  ``new_shapes``: what a batch of a shape not
     seen before (a smaller last batch) gets: "plan" (a plan of its own,
     cached) or "original" (Keras's unmodified step, with one warning;
     only the first signature of each kind is planned).  ``inference``:
@@ -195,7 +231,10 @@ class SwapCallback(keras.callbacks.Callback):
     callback is passed there (True), or leave them to Keras (False).
 
     After use, ``functions`` maps (kind, signature) to the
-    :class:`tfswap.OptimizedFunction` that ran (None where Keras's step ran).
+    :class:`tfswap.anytime.AnytimeFunction` that ran (its ``plans``: which plan
+    ran for which of its steps; a :class:`tfswap.OptimizedFunction` where
+    the plan was loaded from a file or ``background=False``; None where Keras's
+    step ran).
 
     One log can differ from Keras's: for a model with several outputs, Keras
     weights each output's ``<name>_loss`` log by the batch size it reads
@@ -220,11 +259,11 @@ class SwapCallback(keras.callbacks.Callback):
     """
 
     def __init__(self, memory_budget, device_spec=None, search_time: float = 60.0,
-                 plan_path=None, verbose: int = 1, *, generations: int | None = None,
+                 plan_path=USER_CACHE, verbose: int = 1, *, generations: int | None = None,
                  seed: int = 0, workers: int | None = None, safety_margin: float = 0.05,
                  device: str | None = None, host: str | None = None,
                  new_shapes: str = "plan", inference: bool = True, parameters: str = "auto",
-                 recompute: bool = True):
+                 recompute: bool = True, background: bool = True):
         super().__init__()
         _require_tensorflow_backend()
         if isinstance(memory_budget, bool) or memory_budget is None:
@@ -243,6 +282,10 @@ class SwapCallback(keras.callbacks.Callback):
             raise ValueError(f"recompute must be True or False, got {recompute!r}")
         if isinstance(verbose, bool) or not isinstance(verbose, int) or verbose < 0:
             raise ValueError(f"verbose must be an int >= 0, got {verbose!r}")
+        if not isinstance(background, bool):
+            raise ValueError(f"background must be True or False, got {background!r}")
+        if plan_path is USER_CACHE:
+            plan_path = default_plan_path()
         if plan_path is not None:
             plan_path = Path(plan_path)
             if plan_path.exists() and not plan_path.is_dir():
@@ -253,6 +296,7 @@ class SwapCallback(keras.callbacks.Callback):
         self.verbose = verbose
         self.new_shapes = new_shapes
         self.inference = inference
+        self.background = background
         self._options = dict(device_spec=device_spec, search_time=float(search_time),
                              generations=generations, seed=seed, workers=workers,
                              safety_margin=safety_margin, device=device, host=host,
@@ -329,6 +373,9 @@ class SwapCallback(keras.callbacks.Callback):
         if stale and self.verbose >= 1:
             print(f"tfswap: {len(stale)} planned step(s) captured variables this model no "
                   "longer uses (compiled again, or another model); planning them again")
+        for key in stale:
+            if isinstance(self.functions[key], tfswap.AnytimeFunction):
+                self.functions[key].stop()
         if stale:  # which signatures Keras's step ran was decided for the old model too
             self.functions = {key: fast for key, fast in self.functions.items()
                               if fast is not None and key not in stale}
@@ -424,16 +471,25 @@ class SwapCallback(keras.callbacks.Callback):
         path = None if replicated else self._file(kind, key)
         fast = self._load(path, cf) if path is not None and path.exists() else None
         if fast is None:
-            fast = tfswap.optimize(cf, self.memory_budget, inputs=inputs, **self._options)
+            fast = tfswap.optimize(cf, self.memory_budget, inputs=inputs,
+                                   background=self.background, **self._options)
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                fast.plan.save(path)
+                if self.background:   # the search's best plan, once it has ended
+                    fast.add_done_callback(lambda final: final.plan.save(path))
+                else:
+                    fast.plan.save(path)
         if fast.relocation is not None:
             self._after_move()
+        what = f"{kind} step for batches shaped {_shapes(key[1])}"
         if self.verbose >= 1:
-            print(f"tfswap: {kind} step for batches shaped {_shapes(key[1])}"
-                  + (f" (plan file {path})" if path is not None else ""))
+            print(f"tfswap: {what}" + (f" (plan file {path})" if path is not None else ""))
             print(fast.report())
+            if isinstance(fast, tfswap.AnytimeFunction):
+                fast.add_switch_callback(lambda old, new: print(
+                    f"tfswap: {what}: plan {new.id} from the background search takes over from "
+                    f"{old.id} (predicted step {new.prediction.step_time_s * 1e3:.3f} ms, was "
+                    f"{old.prediction.step_time_s * 1e3:.3f} ms)"))
         return fast
 
     def _after_move(self) -> None:
@@ -461,6 +517,9 @@ class SwapCallback(keras.callbacks.Callback):
                     getattr(model, f"make_{kind}_function")(force=True)
                     self._saved[kind] = getattr(model, f"{kind}_function")
                     setattr(model, f"{kind}_function", ours)
+        for fast in self.functions.values():
+            if isinstance(fast, tfswap.AnytimeFunction):
+                fast.stop()   # its plans were for the variables on the device
         self.functions = {key: fast for key, fast in self.functions.items() if fast is None}
 
     def _load(self, path: Path, cf):
@@ -490,4 +549,5 @@ def _shapes(signature) -> str:
     return ", ".join(f"{list(shape)} {dtype}" for _, shape, dtype, _ in signature)
 
 
-__all__ = ["SwapCallback", "batch_signature", "build_for", "per_replica", "step_function"]
+__all__ = ["SwapCallback", "USER_CACHE", "batch_signature", "build_for", "default_plan_path",
+           "per_replica", "step_function"]

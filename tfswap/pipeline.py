@@ -16,6 +16,9 @@ with a changed :class:`Attempt` (a smaller small-tensor threshold, the
 disjoint pool, less room) until a plan measures within the budget, the
 remedies run out (:class:`~tfswap.core.budget.BudgetError`) or the deadline
 of the whole call passes.  Benchmarks and tests call the stages directly.
+With ``background=True`` ``optimize`` runs them twice: on :func:`first_round`
+(each search ends after its first generation) in the caller's thread, then
+on :func:`searching_again` in a background thread (:mod:`tfswap.anytime`).
 
 TensorFlow is imported when a stage first runs, not with this module.
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -229,6 +233,9 @@ class Prepared:
     relocation: Any = None    # the variables place_parameters moved to the host, if any
     update_places: tuple = ()  # core.plan.UpdatePlace: updates not computed on the device
     replicas: tuple[Replica, ...] = ()   # a replicated step's other replicas
+    # Asked between the search's generations: True ends it with the best so far
+    # (a search in the background, :mod:`tfswap.anytime`, that is stopped).
+    stop_when: Callable[[], bool] | None = None
 
     @property
     def measured_over(self) -> bool:
@@ -776,7 +783,26 @@ def _search_config(prepared: Prepared, attempt: Attempt,
             {"time_budget_s": None, "max_generations": 0}
     return search.SearchConfig(**limit, seed=o.seed, workers=o.workers, executor=o.executor,
                                mode=o.mode, progress=o.progress,
-                               pool_layout=attempt.pool_layout, byte_planner=o.byte_planner)
+                               pool_layout=attempt.pool_layout, byte_planner=o.byte_planner,
+                               stop_when=prepared.stop_when)
+
+
+def first_round(prepared: Prepared) -> Prepared:
+    """``prepared`` for a plan in seconds: each search ends after its first
+    generation (TensorFlow's order, its mutants and the planners' plans of it).
+    What :func:`tfswap.optimize` with ``background=True`` starts the step on."""
+    return dataclasses.replace(prepared, options=dataclasses.replace(prepared.options,
+                                                                     generations=0))
+
+
+def searching_again(prepared: Prepared, options: Options, seconds: float | None,
+                    stop_when: Callable[[], bool] | None) -> Prepared:
+    """``prepared`` (as a first round left it: variables where that plan put them)
+    searched with ``options`` (the caller's), ``seconds`` from now (None: by
+    generations), ending early when ``stop_when`` says so."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    return dataclasses.replace(prepared, options=options, deadline=deadline,
+                               stop_when=stop_when)
 
 
 def _finish(found: Plan, prepared: Prepared, attempt: Attempt) -> Plan:

@@ -174,6 +174,20 @@ def test_stopping_rules():
         len(res.history) == 1
 
 
+def test_a_stopped_search_ends_with_its_best_plan_so_far():
+    asked = []
+
+    def stop_after_two():
+        asked.append(1)
+        return len(asked) > 2
+
+    res = run(max_generations=50, stop_when=stop_after_two)
+    assert res.stopped_because == "stopped" and res.generations == 2
+    assert res.plan.prediction.step_time_s == min(h.best_time_s for h in res.history)
+    with pytest.raises(TypeError, match="stop_when"):
+        SearchConfig(stop_when=True)
+
+
 def test_progress_line_on_stderr(capsys):
     run(max_generations=2, progress=True)
     err = capsys.readouterr().err

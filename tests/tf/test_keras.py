@@ -12,6 +12,7 @@ unmodified step's peak; the datasets are not a multiple of the batch size
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -518,3 +519,51 @@ def test_predict_of_a_zero_padded_valid_convolution_runs_as_keras_does():
     planned = model.predict(x, batch_size=8, verbose=0, callbacks=[callback])
     np.testing.assert_array_equal(planned, model.predict(x, batch_size=8, verbose=0))
     assert [f is not None for f in callback.functions.values()] == [True]
+
+
+def test_the_default_plan_path_is_the_users_cache_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert tfswap.keras.default_plan_path() == tmp_path / "tfswap"
+    assert tfswap.keras.SwapCallback("1GiB").plan_path == tmp_path / "tfswap"
+    # The XDG rule: unset, empty or relative means ~/.cache.
+    for value in ("", "relative/cache"):
+        monkeypatch.setenv("XDG_CACHE_HOME", value)
+        assert tfswap.keras.default_plan_path() == Path.home() / ".cache" / "tfswap"
+    assert tfswap.keras.SwapCallback("1GiB", plan_path=None).plan_path is None
+    with pytest.raises(ValueError, match="background"):
+        tfswap.keras.SwapCallback("1GiB", background=1)
+
+
+def test_fit_starts_on_a_first_plan_and_the_next_fit_on_the_searched_one(capsys):
+    """The first fit runs on first-round plans while the search goes on; the plan the
+    search ends with is saved in the cache, and the next fit of the same model
+    starts on it, saying so; both train exactly like plain fit."""
+    b, n = 16, 40   # batches of 16, 16 and 8
+    x, y = data("cnn", n)
+    reference, model = twins("cnn")
+    budget = int(0.5 * unmodified_peak(reference, (x[:b], y[:b])))
+    histories = []
+    for _ in range(2):
+        ref_history, _ = fit(reference, x, y, b, epochs=1)
+        callback = tfswap.keras.SwapCallback(budget, generations=2, seed=0, workers=1)
+        history, _ = fit(model, x, y, b, [callback], epochs=1)
+        assert_same_history(ref_history, history)
+        assert_same_weights(reference, model)
+        histories.append(callback.functions)
+        for fast in callback.functions.values():
+            if isinstance(fast, tfswap.AnytimeFunction):
+                assert fast.wait(300) and fast.error is None, fast.outcome
+    first, second = histories
+    assert all(isinstance(f, tfswap.AnytimeFunction) for f in first.values())
+    assert all(f.plans[0].first_call == 1 for f in first.values())
+    full = [f for (_, sig), f in first.items() if sig[0][1][0] == b]
+    assert len(full) == 1 and full[0].plan.swaps
+    assert full[0].outcome.startswith(("plan", "kept plan", "the search found")), \
+        full[0].outcome   # it searched in the background
+    saved = sorted(tfswap.keras.default_plan_path().glob("cnn-train-*.plan.json"))
+    assert len(saved) == 2   # the batches of 16 and of 8
+    assert all(any("plan loaded from" in note for note in f.notes) for f in second.values())
+    for key, fast in second.items():   # the plan each search ended with
+        assert fast.plan == first[key].current.plan
+    out = capsys.readouterr().out
+    assert "plans of this function (anytime mode)" in out

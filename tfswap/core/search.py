@@ -437,6 +437,9 @@ def _search(graph, budget_bytes, spec, config, cg, *, initial_schedule, keep, re
             if config.patience is not None and since_better >= config.patience:
                 reason = "patience"
                 break
+            if config.stop_when is not None and config.stop_when():
+                reason = "stopped"
+                break
             generation += 1
             children = _offspring(problem, config, population, rng, tb)
             _evaluate(evaluator, children)

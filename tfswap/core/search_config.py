@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -51,6 +52,10 @@ class SearchConfig:
     plans pools larger than the budget and keeps the fastest plan whose
     shared arena fits; ``layout_rounds`` searches, the time budget split
     between them).
+    ``stop_when``: a callable asked between generations; when it returns True
+    the search ends with the best plan so far (``stopped_because``
+    "stopped"): a search running in the background while the step trains
+    on an earlier plan (:mod:`tfswap.anytime`) is ended this way.
     ``byte_planner``: with the shared layout, also plan TF's order and the
     search's best schedule with :mod:`tfswap.core.byte_planner` (evicts across
     size classes under a byte cap) and keep the faster plan whose arena fits.
@@ -76,6 +81,7 @@ class SearchConfig:
     pool_layout: str = "disjoint"
     layout_rounds: int = 5
     byte_planner: bool = False
+    stop_when: Callable[[], bool] | None = field(default=None, compare=False)
 
     def __post_init__(self):
         def positive_int(name, value, allow_none=False, minimum=1):
@@ -119,6 +125,9 @@ class SearchConfig:
                              f"{self.pool_layout!r}")
         if self.mode not in MODES:
             raise ValueError(f"SearchConfig.mode must be one of {MODES}, got {self.mode!r}")
+        if self.stop_when is not None and not callable(self.stop_when):
+            raise TypeError(f"SearchConfig.stop_when must be a callable returning a bool, got "
+                            f"{type(self.stop_when).__name__}")
         if self.executor is not None and not isinstance(self.executor, Executor):
             raise TypeError("SearchConfig.executor must be a concurrent.futures.Executor "
                             "(for Dask: distributed.Client(...).get_executor()), got "
@@ -151,7 +160,7 @@ class SearchResult:
     heuristic_time_s: float    # plan_swaps on initial_schedule with the default allocation
     generations: int
     evaluations: int
-    stopped_because: str       # "time budget", "max generations" or "patience"
+    stopped_because: str       # "time budget", "max generations", "patience" or "stopped"
     config: SearchConfig
     # Best candidates skipped because the reference simulator rejected their plan.
     plans_rejected: int = 0

@@ -86,7 +86,7 @@ def search_shared(search, graph, budget_bytes, spec, config, cg, recomputable=()
             else:
                 hi = min(hi, f)
             proposal = f * budget_bytes / need
-        if best is None:
+        if best is None or (config.stop_when is not None and config.stop_when()):
             break
         if fits and abs(proposal / f - 1) < 0.01:
             break          # this pool's arena fills the budget

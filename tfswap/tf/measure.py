@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 
@@ -30,6 +31,12 @@ from tfswap.tf.capture import CapturedFunction, same_device
 from tfswap.tf.emulate import DEVICE
 from tfswap.tf.rewrite import SWAP_OUT_OP
 from tfswap.tf.runtime import grappler_config
+
+# A traced run (FULL_TRACE) starts TensorFlow's profiler, of which a process runs
+# one at a time (else "Another profiling session active"): a background search's
+# verification (tfswap.anytime) and a profile or measurement in the caller's
+# thread take turns, one traced run each.
+TRACE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -206,10 +213,11 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
         for k in range(max(1, runs, untraced_runs)):
             if k < max(1, runs):
                 metadata = tf.compat.v1.RunMetadata()
-                start = time.perf_counter()
-                sess.run((fetches, targets), feed_dict=step_feed, options=options,
-                         run_metadata=metadata)
-                times.append(time.perf_counter() - start)
+                with TRACE_LOCK:
+                    start = time.perf_counter()
+                    sess.run((fetches, targets), feed_dict=step_feed, options=options,
+                             run_metadata=metadata)
+                    times.append(time.perf_counter() - start)
                 saved.append(metadata)
             if k < untraced_runs:
                 start = time.perf_counter()

@@ -498,7 +498,8 @@ def isolated(captured: CapturedFunction, runs: int = 3, warmup: int = 1, device:
         nodes = {}
         for _ in range(runs):
             md = tf.compat.v1.RunMetadata()
-            sess.run(ops, options=options, run_metadata=md)
+            with measure.TRACE_LOCK:   # one profiler per process
+                sess.run(ops, options=options, run_metadata=md)
             for dev in md.step_stats.dev_stats:
                 for node in dev.node_stats:
                     if node.node_name in name_to_k:
