@@ -53,14 +53,17 @@ class PlanSpan:
     plan_id: str
     planner: str
     predicted_step_s: float
+    measured_peak_bytes: int | None   # its verification's (None: not measured here)
     first_call: int
     last_call: int | None = None   # None: the plan in use, or one no call ran yet
 
     def describe(self) -> str:
         calls = "no call yet" if self.last_call is None and self.first_call == 0 else \
             f"calls {self.first_call}-" + ("" if self.last_call is None else str(self.last_call))
+        measured = "" if self.measured_peak_bytes is None else \
+            f", measured peak {self.measured_peak_bytes} B"
         return (f"plan {self.plan_id} ({self.planner}): {calls}, predicted step "
-                f"{self.predicted_step_s * 1e3:.3f} ms")
+                f"{self.predicted_step_s * 1e3:.3f} ms{measured}")
 
 
 class _Stopped(Exception):
@@ -124,7 +127,7 @@ class AnytimeFunction:
         self._spans.append(_span(new, self._calls + 1))
         self._current, self._pending = new, None
         for callback in list(self._switch_callbacks):
-            callback(old.plan, new.plan)
+            callback(old, new)
         # ``old`` goes with this frame: its bound graph, and on a GPU its pool
         # layout in the budget arena (removed when the binding is collected).
 
@@ -223,8 +226,9 @@ class AnytimeFunction:
             callback(self._final)
 
     def add_switch_callback(self, callback: Callable) -> None:
-        """``callback(old_plan, new_plan)`` at each switch, in the calling thread,
-        before the call that runs the new plan."""
+        """``callback(old, new)`` (the :class:`tfswap.OptimizedFunction` switched
+        from and to) at each switch, in the calling thread, before the call that
+        runs the new plan."""
         self._switch_callbacks.append(callback)
 
     def report(self) -> str:
@@ -248,7 +252,8 @@ class AnytimeFunction:
 
 def _span(fast, first_call: int) -> PlanSpan:
     plan = fast.plan
-    return PlanSpan(plan.id, plan.planner, plan.prediction.step_time_s, first_call)
+    return PlanSpan(plan.id, plan.planner, plan.prediction.step_time_s,
+                    fast.measured_peak_bytes, first_call)
 
 
 def _replace(span: PlanSpan, **changes) -> PlanSpan:

@@ -487,9 +487,10 @@ class SwapCallback(keras.callbacks.Callback):
             print(fast.report())
             if isinstance(fast, tfswap.AnytimeFunction):
                 fast.add_switch_callback(lambda old, new: print(
-                    f"tfswap: {what}: plan {new.id} from the background search takes over from "
-                    f"{old.id} (predicted step {new.prediction.step_time_s * 1e3:.3f} ms, was "
-                    f"{old.prediction.step_time_s * 1e3:.3f} ms)"))
+                    f"tfswap: {what}: plan {new.plan.id} from the background search takes over "
+                    f"from {old.plan.id} (predicted step "
+                    f"{new.plan.prediction.step_time_s * 1e3:.3f} ms, was "
+                    f"{old.plan.prediction.step_time_s * 1e3:.3f} ms)"))
         return fast
 
     def _after_move(self) -> None:
