@@ -313,7 +313,10 @@ def prepare(concrete_fn, options: Options) -> Prepared:
     started = time.monotonic()
     deadline = None if options.generations is not None else started + options.search_time_s
     device, host = placement(options.device, options.host)
-    captured = capture_mod.capture(concrete_fn, device=device)
+    # A multi-worker step runs only where every worker runs it: plannable from
+    # its shapes, never run here first (capture refuses it otherwise).
+    unrun = options.profile == "analytic" and options.verify_rounds == 0
+    captured = capture_mod.capture(concrete_fn, device=device, other_workers=unrun)
     if any(capture_mod.same_device(host, d) for d in captured.replicas):
         raise capture_mod.CaptureError(
             f"the host {host} is one of the replicas' devices ({', '.join(captured.replicas)}): "
@@ -352,6 +355,10 @@ def prepare(concrete_fn, options: Options) -> Prepared:
         refuse_unsized(captured, step.lowered, prof.source)
     replicas = tuple(_replica(captured, d, options, spec, feed) for d in captured.replicas[1:])
     notes = (spec_note,) if spec_note else ()
+    if captured.other_workers:
+        notes += ("its collectives have members on other workers (MultiWorkerMirroredStrategy): "
+                  "this worker's step planned alone, from its shapes (analytic profile), not "
+                  "verified; every worker plans its own",)
     if replicas:
         notes += (f"replicated over {', '.join(captured.replicas)}: each device planned for "
                   "the budget",)
@@ -589,14 +596,28 @@ def placement(device: str | None, host: str | None) -> tuple[str, str]:
                              "'/device:CPU:0'), or neither")
         return device, host
     if emulate.is_active():
-        return emulate.DEVICE, emulate.HOST
+        return this_worker(emulate.DEVICE), this_worker(emulate.HOST)
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
-        return gpus[0].name, "/device:CPU:0"
+        return this_worker(gpus[0].name), this_worker("/device:CPU:0")
     raise NoDeviceError(
         "tfswap found no GPU and the emulated device is not set up. On a machine without "
         "a GPU call tfswap.tf.emulate.setup() before TensorFlow creates its devices (before "
         "building models), or pass device= and host= explicitly.")
+
+
+def this_worker(device: str) -> str:
+    """``device`` of this process's worker: as given on one machine; with the job
+    and task of this worker where the process is one of a cluster's
+    (``MultiWorkerMirroredStrategy``), whose other workers have a device of the
+    same name, which a bare name would not tell apart."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    space = tf.DeviceSpec.from_string(context.context().host_address_space())
+    if space.job in (None, "localhost"):
+        return device
+    return tf.DeviceSpec.from_string(device).make_merged_spec(space).to_string()
 
 
 def spec_for(device_spec, device: str) -> DeviceSpec:

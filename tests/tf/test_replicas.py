@@ -87,8 +87,22 @@ def test_a_run_whose_collective_never_completes_times_out():
 
 
 def test_a_collective_with_members_on_other_workers_is_refused():
-    with pytest.raises(capture.CaptureError, match="gathers 2 members and this step has 1"):
+    with pytest.raises(capture.CaptureError, match="gathers 2 members and this step has 1.*"
+                       "profile='analytic' and verify_rounds=0"):
         capture.capture(_lonely(2), device=emulate.DEVICE)
+    with pytest.raises(capture.CaptureError, match="other workers"):   # it would run the step
+        tfswap.optimize(_lonely(2), 1 << 20, generations=1, workers=1)
+
+
+def test_a_multi_worker_step_is_planned_from_its_shapes_without_running_it():
+    """With the analytic profile and no verification nothing runs the step here
+    (its all-reduce would wait for the other worker): it is planned, and says so."""
+    captured = capture.capture(_lonely(2), device=emulate.DEVICE, other_workers=True)
+    assert captured.other_workers and not captured.replicas
+    fast = tfswap.optimize(_lonely(2), 1 << 20, profile="analytic", verify_rounds=0,
+                           generations=1, workers=1)
+    assert fast.captured.other_workers and fast.measured_peak_bytes is None
+    assert any("members on other workers" in note for note in fast.notes)
 
 
 def _keras_cnn():

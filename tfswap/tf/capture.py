@@ -71,6 +71,9 @@ class CapturedFunction:
     # A step replicated by a tf.distribute strategy: the devices of its replicas,
     # ``device`` first (see :func:`replica_devices`); () for a step on one device.
     replicas: tuple[str, ...] = ()
+    # Members of its collectives on other workers (MultiWorkerMirroredStrategy): the
+    # step cannot run in a local session, only where every worker runs it.
+    other_workers: bool = False
 
     @property
     def feeds(self) -> tuple[str, ...]:
@@ -131,7 +134,8 @@ def at_shapes(concrete_fn, shapes) -> SizedFunction:
     return SizedFunction(concrete_fn, tuple(tuple(int(d) for d in shape) for shape in shapes))
 
 
-def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> CapturedFunction:
+def capture(concrete_fn, optimize: bool = True, device: str | None = None,
+            other_workers: bool = False) -> CapturedFunction:
     """Capture a ``tf.function`` ConcreteFunction for planning and rewriting.
 
     ``optimize``: capture the graph Grappler produces for it (the default, and
@@ -141,6 +145,12 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
     ``concrete_fn`` may be a :class:`SizedFunction` (:func:`at_shapes`): Grappler
     then runs on the graph as traced, unknown dimensions and all, as it does
     for the function itself, and the arguments get their shapes afterwards.
+
+    ``other_workers``: accept a step whose collectives have members on other
+    workers (``MultiWorkerMirroredStrategy``; ``CapturedFunction.other_workers``
+    says so), which only runs where every worker runs it: the caller must not
+    run it in a local session (profile or measure it), where it would wait
+    for them.  Default: refused with :class:`CaptureError`.
 
     Raises :class:`CaptureError` for anything that is not a ConcreteFunction
     and for argument shapes with unknown dimensions (tfswap plans bytes, so
@@ -219,7 +229,16 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
         CapturedTensor(ph.name, value, owner.get(id(value)),
                        _elsewhere(owner.get(id(value)), device, replicas))
         for ph, value in zip(concrete_fn.inputs[n_args:], captured_values))
-    _refuse_other_members(graph_def, captures, replicas)
+    remote = _other_members(graph_def, captures, replicas)
+    if remote and not other_workers:
+        name, op, size, local = remote[0]
+        raise CaptureError(
+            f"{op} {name!r} gathers {size} members and this step has {local} replica(s) "
+            "here: the others are on other workers (MultiWorkerMirroredStrategy). tfswap "
+            "profiles and verifies a step by running it in a local session, where the "
+            "collective would wait for them; pass profile='analytic' and verify_rounds=0 "
+            "to plan each worker's step from its shapes alone (the budget then rests on the "
+            "memory model, unmeasured), or train with a MirroredStrategy on one machine.")
 
     structured = concrete_fn.structured_outputs
     fetches = tuple(t.name for t in tf.nest.flatten(structured) if isinstance(t, tf.Tensor))
@@ -248,6 +267,7 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None) -> Ca
         device=device,
         grappler_optimized=optimize,
         replicas=replicas,
+        other_workers=bool(remote),
     )
 
 
@@ -334,22 +354,15 @@ def collective_params(graph_def, captures) -> dict[str, dict]:
     return found
 
 
-def _refuse_other_members(graph_def, captures, replicas) -> None:
-    """Raise :class:`CaptureError` for a collective with more members than the step
-    has replicas here (``MultiWorkerMirroredStrategy``: the others are on other
-    workers).  tfswap profiles and verifies a step in a local session, where
-    such a collective would wait for members that never come."""
+def _other_members(graph_def, captures, replicas) -> list[tuple[str, str, int, int]]:
+    """(name, op, group size, local replicas) of each collective with more members
+    than the step has replicas here (``MultiWorkerMirroredStrategy``: the others
+    are on other workers)."""
     local = max(1, len(replicas))
     nodes = {n.name: n for n in graph_def.node}
-    for name, params in collective_params(graph_def, captures).items():
-        size = params["group_size"]
-        if size is not None and size > local:
-            raise CaptureError(
-                f"{nodes[name].op} {name!r} gathers {size} members and this step has {local} "
-                "replica(s) here: the others are on other workers (MultiWorkerMirroredStrategy), "
-                "which tfswap does not plan yet (it profiles and verifies the step in a local "
-                "session, where the collective would wait for them). Train with a "
-                "MirroredStrategy on one machine.")
+    return [(name, nodes[name].op, params["group_size"], local)
+            for name, params in collective_params(graph_def, captures).items()
+            if params["group_size"] is not None and params["group_size"] > local]
 
 
 def _owners_of(handles) -> dict:
