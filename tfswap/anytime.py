@@ -36,7 +36,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # A searched plan takes over when predicted at least this much faster: the first
 # call of a new graph pays for its set-up, which a smaller gain does not repay.
@@ -118,12 +118,12 @@ class AnytimeFunction:
                 self._switch()
             self._calls += 1
             if self._spans[-1].first_call == 0:
-                self._spans[-1] = _replace(self._spans[-1], first_call=self._calls)
+                self._spans[-1] = replace(self._spans[-1], first_call=self._calls)
             return self._current(*args, **kwargs)
 
     def _switch(self) -> None:
         old, new = self._current, self._pending
-        self._spans[-1] = _replace(self._spans[-1], last_call=self._calls)
+        self._spans[-1] = replace(self._spans[-1], last_call=self._calls)
         self._spans.append(_span(new, self._calls + 1))
         self._current, self._pending = new, None
         for callback in list(self._switch_callbacks):
@@ -202,7 +202,7 @@ class AnytimeFunction:
         with self._lock:
             spans = list(self._spans)
             if self._pending is not None:
-                spans[-1] = _replace(spans[-1], last_call=self._calls)
+                spans[-1] = replace(spans[-1], last_call=self._calls)
                 spans.append(_span(self._pending, self._calls + 1))
         return tuple(spans)
 
@@ -254,12 +254,6 @@ def _span(fast, first_call: int) -> PlanSpan:
     plan = fast.plan
     return PlanSpan(plan.id, plan.planner, plan.prediction.step_time_s,
                     fast.measured_peak_bytes, first_call)
-
-
-def _replace(span: PlanSpan, **changes) -> PlanSpan:
-    from dataclasses import replace
-
-    return replace(span, **changes)
 
 
 class _Worker:
