@@ -60,7 +60,7 @@ history = swapped.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verb
 swapped_s = time.perf_counter() - started
 
 for (kind, signature), fast in callback.functions.items():
-    inputs = [np.asarray(v)[:shape[0]] for v, (_, shape, _) in zip(first, signature)]
+    inputs = [np.asarray(v)[:shape[0]] for v, (_, shape, _, _) in zip(first, signature)]
     peak = measure.measure(fast.captured, fast.graph_def, inputs).peak_bytes
     print(f"{kind} step, batch {signature[0][1][0]}: measured device peak "
           f"{peak / 2**20:.2f} MiB with {len(fast.plan.swaps)} swaps "
@@ -71,4 +71,4 @@ weights = max(float(np.max(np.abs(a - b))) for a, b in
               zip(plain.get_weights(), swapped.get_weights()))
 print(f"largest relative loss difference {difference:.2e}, largest weight difference "
       f"{weights:.2e}; fit took {plain_s:.1f} s without, {swapped_s:.1f} s with tfswap "
-      "(planning included)")
+      "(first plans included; the search goes on in the background)")
