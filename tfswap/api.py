@@ -16,6 +16,8 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,8 +196,9 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     ``background``: False (default) searches, verifies and returns when done;
     True returns in seconds a :class:`tfswap.anytime.AnytimeFunction` running
     on a first plan (each search's first generation), verified, while the full
-    search goes on in a background thread; its plan, verified, takes over
-    at a later call (:mod:`tfswap.anytime`).
+    search goes on in a background thread (on all cores but one unless
+    ``workers`` is given); its plan, verified, takes over at a later call
+    (:mod:`tfswap.anytime`).
     Every argument
     is described, with its unit and default, in :class:`tfswap.pipeline.Options`;
     the stages are :mod:`tfswap.pipeline`'s.  Returns an
@@ -232,11 +235,15 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
         return anytime.AnytimeFunction(first)   # it fits as it is: nothing to search
     spent = time.monotonic() - started
 
+    # The training loop keeps a core of its own unless workers= says otherwise.
+    searching = prepared.options if workers is not None else dataclasses.replace(
+        prepared.options, workers=max(1, (os.cpu_count() or 1) - 1))
+
     def search(stop_when, between_calls) -> OptimizedFunction:
         # The rest of search_time, counted from when this search starts (searches
         # queue behind each other), or the same generations as in the foreground.
         seconds = None if generations is not None else max(search_time - spent, 0.0)
-        again = pipeline.searching_again(used, prepared.options, seconds, stop_when)
+        again = pipeline.searching_again(used, searching, seconds, stop_when)
         return _planned(again, between_calls)
 
     return anytime.AnytimeFunction(first, search)
