@@ -783,14 +783,34 @@ def _plan_one(prepared: Prepared, attempt: Attempt, profile, planner, options,
         result = planners.run(search.PLANNER_NAME, problem, attempt.planner_budget,
                               prepared.spec, config=_search_config(prepared, attempt, share))
     except Infeasible:
-        # The search's pools round sizes up to classes; the planner on TF's
-        # order with exact sizes is what the smallest budget is computed from,
-        # so a budget at or above it still gets a plan.
-        result = planners.run("tfswap.order", problem, attempt.planner_budget, prepared.spec)
-        notes += ("the genetic search found no size-class pool within the budget: planned on "
-                  "TensorFlow's order with exact sizes",)
+        result, note = _without_search(prepared, attempt)
+        notes += (note,)
     return Planned(prepared, attempt, _finish(result.plan, prepared, attempt), result.search,
                    notes)
+
+
+def _without_search(prepared: Prepared, attempt: Attempt):
+    """Where the genetic search finds no size-class pool within the planner budget:
+    the planner on TensorFlow's order with exact sizes (what the smallest budget
+    is computed from, so a budget at or above it still gets a plan), else the
+    byte-cap planner, whose shared arena holds bytes, not objects per class (an
+    op that reads many tensors at once, as a replicated step's all-reduce
+    concatenating every gradient does, needs that many objects of their classes
+    at once; ``tfswap.order`` then fails where bytes still fit).  (result, note);
+    raises the first planner's Infeasible where neither plans."""
+    problem, budget, spec = attempt.step.problem, attempt.planner_budget, prepared.spec
+    try:
+        return planners.run("tfswap.order", problem, budget, spec), (
+            "the genetic search found no size-class pool within the budget: planned on "
+            "TensorFlow's order with exact sizes")
+    except Infeasible as err:
+        try:
+            result = planners.run(search.BYTES_PLANNER_NAME, problem, budget, spec)
+        except (Infeasible, planners.UnsupportedProblem):
+            raise err from None
+    return result, ("no size-class pool within the budget (the genetic search's, TensorFlow's "
+                    "order with exact sizes): planned on TensorFlow's order under a byte cap, "
+                    "with a shared arena (tfswap.core.byte_planner)")
 
 
 def _search_config(prepared: Prepared, attempt: Attempt,

@@ -38,11 +38,12 @@ def device_peaks(step, graph_def=None) -> dict:
                                device=d).peak_bytes for d in captured.replicas}
 
 
-# BERT-style at 60%: at 50% the planner finds no pool for the all-reduce's concat
-# of every gradient (one op reading 44 tensors) on some traces (issue #31's note).
+# BERT-style at 50%: on some traces no size-class pool holds the all-reduce's
+# concatenation of every gradient (one op reading 44 tensors) on one replica, which
+# the byte-cap planner then plans (pipeline._without_search).
 @pytest.mark.parametrize("build, kwargs, fraction", [
     (zoo.cnn, dict(batch=32, image=32, blocks=4), 0.5),
-    (zoo.bert, dict(batch=16, seq=128), 0.6),
+    (zoo.bert, dict(batch=16, seq=128), 0.5),
 ], ids=["cnn", "bert"])
 def test_each_replica_fits_its_device_and_trains_as_the_unmodified_replicated_step(
         build, kwargs, fraction):
