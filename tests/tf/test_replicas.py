@@ -123,15 +123,45 @@ def _keras_cnn():
     return model
 
 
-def test_swap_callback_under_a_mirrored_strategy_fits_as_plain_fit():
+def _keras_bert():
+    """zoo.bert's model (2 post-LN blocks, dim 128, 128 tokens of a 1024-token vocabulary),
+    built and compiled under the strategy."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    with STRATEGY.scope():
+        tokens = keras.Input((128,), dtype="int32")
+        positions = keras.ops.arange(128, dtype="int32")
+        h = layers.Embedding(1024, 128)(tokens) + layers.Embedding(128, 128)(positions)[None]
+        h = zoo.encoder_blocks(layers.LayerNormalization(epsilon=1e-12)(h), 2, 4, 128)
+        h = layers.Dense(128, activation="gelu")(h)
+        logits = layers.Dense(1024)(layers.LayerNormalization(epsilon=1e-12)(h))
+        model = keras.Model(tokens, logits, name="bert")
+        model.compile(optimizer="adam", jit_compile=False,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _images(rng, n):
+    return (rng.standard_normal((n, 32, 32, 3), dtype=np.float32),
+            rng.integers(0, 10, n).astype(np.int32))
+
+
+def _tokens(rng, n):
+    return (rng.integers(0, 1024, (n, 128)).astype(np.int32),
+            rng.integers(0, 1024, (n, 128)).astype(np.int32))
+
+
+@pytest.mark.parametrize("build, data", [(_keras_cnn, _images), (_keras_bert, _tokens)],
+                         ids=["cnn", "bert"])
+def test_swap_callback_under_a_mirrored_strategy_fits_as_plain_fit(build, data):
     """``fit`` under the strategy feeds each replica its shard; the callback plans the
     replicated step at half the larger device's peak and trains exactly as plain fit."""
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((96, 32, 32, 3), dtype=np.float32)
-    y = rng.integers(0, 10, 96).astype(np.int32)
-    plain, model = _keras_cnn(), _keras_cnn()
+    x, y = data(np.random.default_rng(0), 96)
+    plain, model = build(), build()
     shards = ((x[:16], y[:16]), (x[16:32], y[16:32]))
-    cf = tfswap.keras.step_function(_keras_cnn(), shards, "train", replicated=True)
+    cf = tfswap.keras.step_function(build(), shards, "train", replicated=True)
     captured = capture.capture(cf, device=emulate.DEVICE)
     inputs = [leaf for shard in shards for leaf in shard]
     peak = max(measure.measure(dataclasses.replace(captured, device=d), captured.graph_def,
