@@ -276,3 +276,24 @@ def test_both_drop_orders_are_tried_and_the_cheaper_remake_wins():
     prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
     assert [graph.ops[op].name for rec in prog.recomputes for op in rec.ops] == ["b"]
     assert simulate(graph, plan, spec, compiled=cg).peak_bytes <= cap
+
+
+def test_a_tensor_that_cannot_be_swapped_is_never_moved():
+    """``a`` (used farthest ahead: Belady's choice) is not swappable (a variant, say):
+    the planner moves ``b`` instead, and never drops ``a`` either."""
+    import dataclasses
+
+    from tfswap.core.graph import DataflowGraph
+
+    graph, cap = _two_ways_to_make_room()
+    tensors = [dataclasses.replace(t, swappable=t.name != "a:0", producer=-1, consumers=())
+               for t in graph.tensors]
+    pinned = DataflowGraph.build([dataclasses.replace(op, outputs=()) for op in graph.ops],
+                                 tensors)
+    for recomputable in ((), ("a", "b")):
+        plan = byte_planner.plan(pinned, cap, SPEC, small_threshold_bytes=0,
+                                 recomputable=recomputable)
+        moved = {s.tensor for s in plan.swaps}
+        assert moved and "a:0" not in moved, plan.swaps
+    free = byte_planner.plan(graph, cap, SPEC, small_threshold_bytes=0)
+    assert "a:0" in {s.tensor for s in free.swaps}   # what it would move otherwise

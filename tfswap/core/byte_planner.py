@@ -145,6 +145,9 @@ class _ByteScan:
         self.lookahead, self.margin = lookahead, float(margin_s)
         self.istart, self.iend = ideal_times(cg, self.order)
         self.pers, self.kept = cg.buf_persistent.tolist(), cg.buf_kept.tolist()
+        # Never moved nor dropped: kept to the end, or not swappable (a variant, a
+        # string, a handle); released after their last use like any other.
+        self.pinned = cg.buf_pinned.tolist()
         self.nbytes = cg.buf_bytes.tolist()
         in_ptr, ins = cg.op_in_ptr.tolist(), cg.op_in.tolist()
         out_ptr, outs = cg.op_out_ptr.tolist(), cg.op_out.tolist()
@@ -254,7 +257,7 @@ class _ByteScan:
         while self.cursor[b] < len(u) and u[self.cursor[b]] <= k:
             self.cursor[b] += 1
         self.version[b] += 1
-        if not self.pers[b] and not self.kept[b] and self.last[b] != k:
+        if not self.pers[b] and not self.pinned[b] and self.last[b] != k:
             entry = (-self._next_use(b), k, b, self.version[b])
             heapq.heappush(self.heap, entry)
             chain = self.chains.of(b, k, -entry[0]) if self.chains is not None else None

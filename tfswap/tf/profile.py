@@ -76,6 +76,12 @@ def _output_buffers(node) -> dict[int, tuple[int, int]]:
     return out
 
 
+# Ops whose output TF makes a view of their input where the rows taken are
+# contiguous (a slice along the first dimension): Slice and StridedSlice share
+# one kernel path for it.
+SLICE_VIEW_OPS = frozenset({"Slice", "StridedSlice"})
+
+
 def _unallocated_outputs(node) -> set[int]:
     """Output slots the step did not allocate: TF gives a view (a slice of the
     batch along its first dimension) no address or allocation of its own when
@@ -170,7 +176,7 @@ def ops_from_step_stats(graph_def, step_stats_list) -> tuple[list[OpProfile], li
                     aliases.append((slot, k))
                     break
         own = [n for n in members if n.node_name == name]
-        if len(members) == 1 and own:
+        if nd.op in SLICE_VIEW_OPS and len(members) == 1 and own:
             # A view of a step argument (fed, so never allocated in the step): the
             # argument's buffer, which the model already counts.
             fed = [k for k, ref in enumerate(i for i in inputs if i is not None)
