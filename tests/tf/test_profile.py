@@ -172,31 +172,3 @@ def test_paired_reference_runs_alternate_with_untraced_runs(cnn):
                                 untraced_runs=3, reference_graph_def=captured.graph_def)
     assert len(traced.metadata) == 1
     assert len(traced.untraced_times_s) == len(traced.reference_times_s) == 3
-
-
-def test_a_slice_of_an_argument_is_traced_as_a_view_of_it():
-    """TF gives the rows x[:half] of a fed argument no buffer of its own (a view: no
-    address, no allocation in the step); the trace profile says it aliases the
-    argument, so the model does not count those bytes twice (each replica of a
-    tf.distribute step slices the batch this way)."""
-    import numpy as np
-    import tensorflow as tf
-
-    from tfswap.tf import measure
-
-    @tf.function
-    def step(x):
-        return tf.reduce_sum(tf.nn.relu(x[:64] * 2.0))
-
-    cf = step.get_concrete_function(tf.TensorSpec([128, 256], tf.float32))
-    captured = capture.capture(cf)
-    x = np.ones((128, 256), np.float32)
-    prof = profile.trace(captured, [x], runs=2, warmup=1)
-    sliced = [o for o in prof.ops if o.type == "StridedSlice"]
-    assert sliced and all(o.aliases == ((0, 0),) for o in sliced), sliced
-    low = ir.lower(captured, prof)
-    views = [t for t in low.graph.tensors if t.name.startswith(sliced[0].name + ":")]
-    assert views and views[0].alias_of == captured.args[0].name
-    # What the step allocates: the product and the ReLU, not the slice.
-    measured = measure.measure(captured, captured.graph_def, [x]).peak_bytes
-    assert measured < 3 * 64 * 256 * 4

@@ -76,24 +76,6 @@ def _output_buffers(node) -> dict[int, tuple[int, int]]:
     return out
 
 
-# Ops whose output TF makes a view of their input where the rows taken are
-# contiguous (a slice along the first dimension): Slice and StridedSlice share
-# one kernel path for it.
-SLICE_VIEW_OPS = frozenset({"Slice", "StridedSlice"})
-
-
-def _unallocated_outputs(node) -> set[int]:
-    """Output slots the step did not allocate: TF gives a view (a slice of the
-    batch along its first dimension) no address or allocation of its own when
-    the buffer under it was not allocated by the step either (a fed argument)."""
-    if any(m.allocation_records for m in node.memory):
-        return set()
-    return {o.slot for o in node.output
-            if o.tensor_description.allocation_description.requested_bytes
-            and not o.tensor_description.allocation_description.ptr
-            and not o.tensor_description.allocation_description.allocated_bytes}
-
-
 FUNCTIONAL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
                             "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"})
 
@@ -175,15 +157,6 @@ def ops_from_step_stats(graph_def, step_stats_list) -> tuple[list[OpProfile], li
                 if src is not None and src[0] <= ptr < src[0] + src[1]:
                     aliases.append((slot, k))
                     break
-        own = [n for n in members if n.node_name == name]
-        if nd.op in SLICE_VIEW_OPS and len(members) == 1 and own:
-            # A view of a step argument (fed, so never allocated in the step): the
-            # argument's buffer, which the model already counts.
-            fed = [k for k, ref in enumerate(i for i in inputs if i is not None)
-                   if nodes.get(ref[0]) is not None and nodes[ref[0]].op == "Placeholder"
-                   and nodes[ref[0]].attr["dtype"].type != tf.resource.as_datatype_enum]
-            for slot in sorted(_unallocated_outputs(own[0]) - set(outs))[:1 if fed else 0]:
-                aliases.append((slot, fed[0]))
         aliased = {o for o, _ in aliases}
         n_out = max(max(outs, default=-1) + 1, _declared_outputs(nd))
         output_bytes = [outs.get(s, (0, 0))[1] for s in range(n_out)]
