@@ -95,7 +95,9 @@ class AnytimeFunction:
         self._pending = None
         self._calls = 0
         self._spans = [_span(first, 0)]
-        self._lock = threading.Lock()       # one call, or one verification, at a time
+        # One call, or one verification, at a time; reentrant, so that a switch
+        # callback (run inside the call) may read the function (plans, report).
+        self._lock = threading.RLock()
         self._stop = threading.Event()
         self._ended = threading.Event()
         self._done_callbacks: list[Callable] = []

@@ -92,8 +92,10 @@ def test_a_switch_mid_training_changes_nothing_in_the_results(step):
     assert other.plan.id != first.plan.id
     fast, release = _switching(first, other)
     switches = []
+    # The callback may read the function it is called from (its lock is reentrant).
     fast.add_switch_callback(
-        lambda old, new: switches.append((old.plan.id, new.plan.id, len(calls))))
+        lambda old, new: switches.append((old.plan.id, new.plan.id, len(calls),
+                                          len(fast.plans))))
     calls = []
 
     def training(*batch):
@@ -110,7 +112,7 @@ def test_a_switch_mid_training_changes_nothing_in_the_results(step):
     assert [(x.plan_id, x.first_call, x.last_call) for x in spans] == [
         (first.plan.id, 1, 2), (_faster(other, first).plan.id, 3, None)]
     assert fast.plan.id == _faster(other, first).plan.id
-    assert switches == [(first.plan.id, fast.plan.id, 2)]   # before the 3rd call ran
+    assert switches == [(first.plan.id, fast.plan.id, 2, 2)]   # before the 3rd call ran
 
 
 def test_the_plan_switched_from_is_released(step):
