@@ -1,7 +1,8 @@
 """Two replicas on one host link (issue #31): the simulator's prediction against the run.
 
     python benchmarks/replicas.py [--models cnn,bert] [--fraction 0.5] [--link 100e6]
-        [--runs 5] [--generations 3] [--out benchmarks/out/replicas.csv]
+        [--runs 5] [--generations 3] [--link-latency 40e-6] [--issue-cost 13e-6]
+        [--out benchmarks/out/replicas.csv]
 
 On two emulated devices (``emulate.setup(replicas=2)``: CPU:0 and CPU:2, the
 host CPU:1) with an emulated link of ``--link`` bytes/s each way, which the op
@@ -15,16 +16,30 @@ of the per-device unmodified peak with ``cpu_emulated(link_bytes_per_s=link)``
 step (2 executor threads, one per replica's chain), and 2 traced runs for each
 device's peak.
 
-Columns: the predicted step (the slower replica's plan: the replicas wait for
-each other at the all-reduce) and the same plans re-simulated as if each
-replica had the link to itself (``unshared``); both as slowdowns over the
-simulated unmodified step, against the measured slowdown (the rewritten
-step's median over the paired unmodified step's), so that the machine's
-speed at the time cancels; each device's predicted peak (the plan's, and the
+Time columns.  The replicas simulated together
+(``pipeline.replicated_prediction``: one clock, their copies sharing the link,
+their all-reduces meeting), as ``optimize`` predicts the step
+(``joint_slowdown``: the plans as the planner prices copies, over the
+unmodified replicas simulated together) and as the fidelity benchmark
+compares a prediction with a run (``joint_calibrated_s``, against
+``measured_step_s``, the rewritten step's median: every compute op's time
+scaled by the measured unmodified step over the simulated one, the copies at
+the bytes the rewrite moves, in the order TensorFlow issues them, each
+paying ``--link-latency`` and ``--issue-cost`` as ``benchmarks/fidelity.py``
+does; ``time_error`` its relative error).  For comparison, each replica
+alone: the slower replica's plan at its share of the link
+(``predicted_slowdown``, ``DeviceSpec.shared_by``: what the planner prices)
+and re-simulated as if it had the link to itself (``unshared``), as slowdowns
+over the simulated unmodified step, against the measured slowdown (the
+rewritten step's median over the paired unmodified step's).  Peaks: each
+device's predicted peak (the plan's, and the
 live bytes of its simulation, what TF's allocator holds on the emulated
-device) and measured peak, also with the step's arguments added on the first device
-(fed before the step runs, so not among the allocations its step stats record; the
-model counts them, as a GPU holds the batch it is given).
+device) and measured peak, also with the step's arguments added
+(``measured_with_arguments_bytes``): each replica slices its rows from the whole
+batch, which is fed to the first device before the step runs and reaches the other
+by a copy between two CPU devices that shares the host's buffer; neither is among
+the allocations the step stats record, and the model counts the batch on each
+device, as a GPU holds what it is given or sent.
 """
 
 from __future__ import annotations
@@ -42,10 +57,13 @@ MODELS = {"cnn": ("cnn", dict(batch=32, image=32, blocks=4)),
           "bert": ("bert", dict(batch=16, seq=128))}
 FIELDS = ["model", "device", "budget_bytes", "predicted_peak_bytes",
           "predicted_live_peak_bytes", "measured_peak_bytes", "measured_with_arguments_bytes",
-          "predicted_slowdown", "unshared_slowdown", "measured_slowdown", "swapped_bytes"]
+          "predicted_slowdown", "unshared_slowdown", "measured_slowdown", "swapped_bytes",
+          "joint_slowdown", "joint_calibrated_s", "measured_step_s", "measured_unmodified_s",
+          "time_error"]
 
 
-def study(name: str, fraction: float, link: float, runs: int, generations: int) -> list[dict]:
+def study(name: str, fraction: float, link: float, runs: int, generations: int,
+          link_latency_s: float, issue_cost_s: float) -> list[dict]:
     import numpy as np
 
     from tfswap import pipeline, zoo
@@ -91,27 +109,71 @@ def study(name: str, fraction: float, link: float, runs: int, generations: int) 
     measured = statistics.median(np.array(traced.untraced_times_s)
                                  / np.array(traced.reference_times_s))
     predicted = max(p.prediction.step_time_s for p in plans) / ideal
+    planned_on = [planned.attempt.step] + lowered
+    joint = together(prepared, planned_on, plans)
+    unmodified = together(prepared, planned_on, [st.unconstrained for st in planned_on])
+    measured_s = statistics.median(traced.untraced_times_s)
+    reference_s = statistics.median(traced.reference_times_s)
+    # As benchmarks/fidelity.py compares: compute at the speed the unmodified step
+    # ran at beside these runs, copies at the bytes the rewrite moves, in TF's order.
+    scale = reference_s / unmodified.step_time_s
+    latency = dataclasses.replace(prepared.unshared_spec, copy_latency_s=link_latency_s)
+    calibrated = together(prepared, planned_on, plans, scale=scale, spec=latency, moved=True,
+                          copy_order="ready", issue_cost_s=issue_cost_s).step_time_s
+    print(f"{name}: together {joint.step_time_s * 1e3:.1f} ms (unmodified "
+          f"{unmodified.step_time_s * 1e3:.1f}), calibrated x{scale:.3f} {calibrated * 1e3:.1f} "
+          f"ms; measured {measured_s * 1e3:.1f} ms (unmodified {reference_s * 1e3:.1f})",
+          flush=True)
     rows = []
-    # The step's arguments are fed to the first device before it runs: in its memory
-    # (the model counts them, as a GPU holds the batch it is given) but not among
-    # the allocations the step stats record.
+    # The whole batch is on every device (fed to the first, sent to the others: each
+    # replica slices its rows from it), not among the allocations the emulated
+    # devices' step stats record (a feed; a copy between CPU devices shares the
+    # buffer), and counted by the model, as a GPU holds what it is given or sent.
     fed = sum(np.asarray(b).nbytes for b in step.batch)
     for device, plan, live_peak in zip(devices, plans, live):
         on = dataclasses.replace(prepared.captured, device=device)
         peak = max(measure.measure(on, graph_def, step.batch, runs=2, device=device).peak_bytes
                    for _ in range(2))
-        with_args = peak + (fed if device == devices[0] else 0)
+        with_args = peak + fed
         rows.append(dict(model=name, device=device, budget_bytes=prepared.budget_bytes,
                          predicted_peak_bytes=plan.prediction.peak_bytes,
                          predicted_live_peak_bytes=live_peak, measured_peak_bytes=peak,
                          measured_with_arguments_bytes=with_args, predicted_slowdown=predicted,
                          unshared_slowdown=max(unshared) / ideal, measured_slowdown=measured,
-                         swapped_bytes=plan.prediction.swap_out_bytes))
+                         swapped_bytes=plan.prediction.swap_out_bytes,
+                         joint_slowdown=joint.step_time_s / unmodified.step_time_s,
+                         joint_calibrated_s=calibrated, measured_step_s=measured_s,
+                         measured_unmodified_s=reference_s,
+                         time_error=calibrated / measured_s - 1))
         print(f"{name} {device}: peak predicted {plan.prediction.peak_bytes} (live "
               f"{live_peak}) measured {peak} (with the fed arguments {with_args}) "
               f"(budget {prepared.budget_bytes}); slowdown predicted {predicted:.3f} "
               f"(unshared {max(unshared) / ideal:.3f}) measured {measured:.3f}", flush=True)
     return rows
+
+
+def together(prepared, steps, plans, scale=1.0, spec=None, moved=False, **options):
+    """The devices' plans on their lowered steps simulated together
+    (``pipeline.replicated_prediction``); ``scale``: every op's time multiplied by
+    it; ``moved``: each copy at the bytes the rewrite moves (the tensor it
+    copies, where the plan's swap is of a part of its buffer)."""
+    import dataclasses as dc
+
+    from tfswap import pipeline
+    from tfswap.core import simulator
+
+    members = []
+    for st, plan in zip(steps, plans):
+        cg = st.problem.compiled
+        cg = dc.replace(cg, op_time=cg.op_time * scale) if scale != 1.0 else cg
+        copy_bytes = {sw.id: st.lowered.graph.tensor(sw.tensor).nbytes
+                      for sw in plan.swaps} if moved else None
+        members.append(simulator.Replica(st.problem.graph, plan, keep=st.problem.keep,
+                                         compiled=cg, copy_bytes=copy_bytes))
+    joint, note = pipeline.replicated_prediction(prepared, members, spec=spec, **options)
+    if joint is None:
+        raise RuntimeError(note)
+    return joint
 
 
 def main(argv=None) -> None:
@@ -121,6 +183,10 @@ def main(argv=None) -> None:
     ap.add_argument("--link", type=float, default=100e6, help="bytes/s each way")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--generations", type=int, default=3)
+    ap.add_argument("--link-latency", type=float, default=40e-6,
+                    help="seconds each copy takes beyond its bytes (benchmarks/link_latency.py)")
+    ap.add_argument("--issue-cost", type=float, default=13e-6,
+                    help="compute seconds issuing each copy costs (link_latency.py --overhead)")
     ap.add_argument("--out", default="benchmarks/out/replicas.csv")
     args = ap.parse_args(argv)
     import tensorflow as tf
@@ -132,7 +198,8 @@ def main(argv=None) -> None:
     # One strategy for every step: two strategies' collectives share keys.
     STRATEGY = tf.distribute.MirroredStrategy(list(emulate.replica_devices(2)))
     rows = [row for name in args.models.split(",")
-            for row in study(name, args.fraction, args.link, args.runs, args.generations)]
+            for row in study(name, args.fraction, args.link, args.runs, args.generations,
+                             args.link_latency, args.issue_cost)]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)

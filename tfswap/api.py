@@ -68,6 +68,10 @@ class OptimizedFunction:
     relocation: Any = None   # the user's variables this call moved to host memory, if any
     problem: Any = None
     replica_plans: tuple = ()   # a replicated step's other replicas' plans (captured.replicas)
+    # A replicated step's devices simulated together, their copies sharing the host's
+    # link and their collectives meeting (tfswap.core.simulator.ReplicatedResult):
+    # ``replicated.step_time_s`` is the step's predicted time; None otherwise.
+    replicated: Any = None
 
     def parameter_traffic(self) -> tuple:
         """Per variable in host memory, what one step fetches and writes back, the most
@@ -317,7 +321,7 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
         search=planned.search, profile=prepared.profile, notes=notes,
         measured_peak_bytes=verified.measured_peak_bytes, measured_on=verified.measured_on,
         relocation=prepared.relocation, problem=planned.attempt.step.problem,
-        replica_plans=planned.replica_plans)
+        replica_plans=planned.replica_plans, replicated=planned.replicated)
 
 
 def parameters_text(plan: Plan, lowered, captured) -> str:

@@ -49,6 +49,7 @@ from tfswap.core.graph import DataflowGraph
 from tfswap.core.infeasible import Infeasible
 from tfswap.core.plan import Allocation, Plan, Prediction
 from tfswap.core.program import from_plan
+from tfswap.core import simulator
 from tfswap.core.simulator import simulate
 from tfswap.core.problem import Problem
 
@@ -233,6 +234,11 @@ class Prepared:
     relocation: Any = None    # the variables place_parameters moved to the host, if any
     update_places: tuple = ()  # core.plan.UpdatePlace: updates not computed on the device
     replicas: tuple[Replica, ...] = ()   # a replicated step's other replicas
+    # A replicated step's collectives, one op per device (capture.rendezvous), and its
+    # device's spec before the share of the link (spec is shared_by the replicas):
+    # what simulating the replicas together takes (replicated_prediction).
+    rendezvous: tuple[tuple[str, ...], ...] = ()
+    unshared_spec: DeviceSpec | None = None
     # Asked between the search's generations: True ends it with the best so far
     # (a search in the background, :mod:`tfswap.anytime`, that is stopped).
     stop_when: Callable[[], bool] | None = None
@@ -280,6 +286,9 @@ class Planned:
     search: search.SearchResult | None
     notes: tuple[str, ...]
     replica_plans: tuple[Plan, ...] = ()   # one per ``prepared.replicas``, in order
+    # A replicated step's devices simulated together (replicated_prediction); None
+    # for a step on one device, or where the replicas' plans would wait for each other.
+    replicated: simulator.ReplicatedResult | None = None
 
 
 @dataclass(frozen=True)
@@ -333,6 +342,7 @@ def prepare(concrete_fn, options: Options) -> Prepared:
 
         captured, _ = homes.updates_on_device(captured, device)
     spec, spec_note = choose_spec(options.device_spec, device)
+    unshared = spec
     if captured.replicas:   # the replicas copy at the same time, over one host's link
         spec = spec.shared_by(len(captured.replicas))
     budget = parse_budget(options.memory_budget, spec.memory_bytes)
@@ -364,7 +374,9 @@ def prepare(concrete_fn, options: Options) -> Prepared:
                   "the budget",)
     return Prepared(options, captured, prof, step, spec, budget, device, host, feed, deadline,
                     notes + (f"profile: {prof.source}, {time.monotonic() - started:.1f} s",),
-                    update_places=places, replicas=replicas)
+                    update_places=places, replicas=replicas,
+                    rendezvous=capture_mod.rendezvous(captured) if replicas else (),
+                    unshared_spec=unshared if replicas else None)
 
 
 def _replica(captured, device: str, options: Options, spec: DeviceSpec, feed) -> Replica:
@@ -740,10 +752,36 @@ def plan(prepared: Prepared, attempt: Attempt, planner: str | None = None,
     others = tuple(_plan_one(prepared, replica_attempt(prepared, attempt, r), r.profile,
                              planner, options, share=1 / (n - k))
                    for k, r in enumerate(prepared.replicas, 1))
+    notes = planned.notes + tuple(f"{r.device}: {note}" for r, p in zip(prepared.replicas, others)
+                                  for note in p.notes if note not in planned.notes)
+    per_device = (planned,) + others
+    joint, note = replicated_prediction(prepared, [simulator.Replica(
+        p.attempt.step.problem.graph, p.plan, keep=p.attempt.step.problem.keep,
+        compiled=p.attempt.step.problem.compiled) for p in per_device])
     return dataclasses.replace(planned, replica_plans=tuple(p.plan for p in others),
-                               notes=planned.notes + tuple(
-                                   f"{r.device}: {note}" for r, p in zip(prepared.replicas, others)
-                                   for note in p.notes if note not in planned.notes))
+                               replicated=joint, notes=notes + (note,))
+
+
+def replicated_prediction(prepared: Prepared, members, spec: DeviceSpec | None = None,
+                          **options):
+    """A replicated step's devices (``members``: a :class:`tfswap.core.simulator.Replica`
+    per device, the first replica's first) simulated together: their copies
+    sharing the host's link (``spec``, by default the device's before its share,
+    ``prepared.unshared_spec``), their collectives meeting
+    (:func:`tfswap.core.simulator.simulate_replicas`, ``options`` passed on).
+    (result, note); the result is None where the plans would wait for each other."""
+    present = [{op.name for op in m.graph.ops} for m in members]
+    groups = [g for g in prepared.rendezvous if all(n in ops for n, ops in zip(g, present))]
+    try:
+        joint = simulator.simulate_replicas(members, spec or prepared.unshared_spec,
+                                            rendezvous=groups, **options)
+    except simulator.PlanError as err:
+        return None, (f"the replicas simulated together wait for each other ({err}): no "
+                      "prediction for the replicated step")
+    alone = max(m.plan.prediction.step_time_s for m in members)
+    return joint, (f"the replicas together (sharing the link, meeting at {len(groups)} "
+                   f"collective(s)): predicted step {joint.step_time_s * 1e3:.3g} ms (each "
+                   f"planned alone at its share of the link: {alone * 1e3:.3g} ms at most)")
 
 
 def replica_attempt(prepared: Prepared, attempt: Attempt, replica: Replica) -> Attempt:

@@ -90,6 +90,10 @@ def test_a_link_shared_by_several_devices_gives_each_its_share():
             spec.shared_by(bad)
     with pytest.raises(ValueError, match="shared_link_bytes_per_s"):
         replace(spec, shared_link_bytes_per_s=0.0)
+    assert spec.shared_link_order == "fair"
+    for bad in ("lifo", None, 1):
+        with pytest.raises(ValueError, match="shared_link_order"):
+            replace(spec, shared_link_order=bad)
 
 
 def test_specs_saved_before_the_copy_fields_still_load():
@@ -109,7 +113,9 @@ def test_cpu_emulated_prices_copies_at_the_emulated_link(tmp_path, monkeypatch):
     assert spec.memory_bandwidth_bytes_per_s == 7.0e9
     plain = devices.cpu_emulated()
     assert plain.h2d_bytes_per_s == plain.duplex_bytes_per_s == 7.0e9
-    # The op library's emulated link is the process's: replicas share it.
+    # The op library's emulated link is the process's: replicas share it, one
+    # reserved copy after another.
+    assert spec.shared_link_order == "fifo"
     two = spec.shared_by(2)
     assert two.h2d_bytes_per_s == two.d2h_bytes_per_s == 1e8 and two.duplex_bytes_per_s == 2e8
     assert spec.shared_by(1) == spec and plain.shared_by(2) == plain

@@ -178,3 +178,31 @@ def test_a_round_trip_brought_back_early_for_another_recomputation_stays_a_round
         again = simulate(graph, hybrid, SLOW, keep=problem.keep, compiled=problem.compiled)
         assert again.step_time_s == pytest.approx(hybrid.prediction.step_time_s)
         assert again.peak_bytes <= budget
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["own buffer", "written in place"])
+def test_a_chain_never_reads_a_value_its_buffer_no_longer_holds(in_place):
+    """b = 2a is recomputed for the backward, which also reads a's buffer.  Where
+    relu(a) was written into that buffer after b (in place), a's value is gone:
+    TF would keep it alive for the recomputation and allocate relu's output
+    afresh, which the model would not count, so no chain reads it."""
+    from tfswap.core.graph import DataflowGraph, Op, Tensor
+    from tfswap.core.recompute import ChainIndex, value_chain
+
+    nbytes = 2 << 20
+    ops = [Op("x", "Placeholder", outputs=("x:0",)),
+           Op("a", "MatMul", inputs=("x:0",), time_s=1e-3, phase="forward"),
+           Op("b", "Mul", inputs=("a:0",), time_s=1e-4, phase="forward"),
+           Op("c", "Relu", inputs=("a:0",), time_s=1e-4, phase="forward"),
+           Op("d", "Grad", inputs=("b:0", "c:0", "a:0"), time_s=1e-3, phase="backward")]
+    tensors = [Tensor("x:0", nbytes, kind="input"), Tensor("a:0", nbytes),
+               Tensor("b:0", nbytes), Tensor("c:0", nbytes, alias_of="a:0" if in_place else ""),
+               Tensor("d:0", nbytes, kind="gradient")]
+    graph = DataflowGraph.build(ops, tensors)
+    problem = Problem.of(graph, keep=["d:0"], recomputable=[op.name for op in graph.ops])
+    cg = problem.compiled
+    order = cg.order_of(("x", "a", "b", "c", "d"))
+    index = ChainIndex(cg, order)
+    b = int(cg.tensor_buffer[[t.name for t in graph.tensors].index("b:0")])
+    chain = value_chain(cg, index, b, upto=2, need=4)
+    assert chain is None if in_place else [graph.ops[o].name for o in chain] == ["b"]

@@ -55,6 +55,11 @@ def test_each_replica_fits_its_device_and_trains_as_the_unmodified_replicated_st
     assert len(fast.replica_plans) == 1 and fast.plan.swaps and fast.replica_plans[0].swaps
     assert fast.measured_peak_bytes <= budget
     assert all(f"{d}:" in fast.measured_on for d in REPLICAS)
+    # The devices simulated together, meeting at the all-reduce: the step no faster
+    # than its slower device's plan alone on the whole link.
+    assert fast.replicated is not None and len(fast.replicated.devices) == 2
+    assert fast.replicated.step_time_s == max(d.step_time_s for d in fast.replicated.devices)
+    assert any("the replicas together" in note and "meeting at" in note for note in fast.notes)
     measured = device_peaks(step, fast.graph_def)
     assert set(measured) == set(REPLICAS) and max(measured.values()) <= budget, measured
     losses = [float(fast(*step.batch)["loss"]) for _ in range(STEPS)]
@@ -62,6 +67,23 @@ def test_each_replica_fits_its_device_and_trains_as_the_unmodified_replicated_st
     assert losses == expected
     for got, want in zip(step.model.weights, reference.model.weights):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_the_replicas_collectives_are_matched_one_op_per_device():
+    """The BERT-style step's all-reduce and its gather (the embedding's sparse
+    gradient), each with one member on each device, in the replicas' order."""
+    step = replicated(zoo.bert, batch=16, seq=128)
+    captured = capture.capture(step.concrete_fn, device=emulate.DEVICE)
+    groups = capture.rendezvous(captured)
+    nodes = {n.name: n for n in captured.graph_def.node}
+    assert sorted(nodes[g[0]].op for g in groups) == ["CollectiveGatherV2",
+                                                       "CollectiveReduceV2"]
+    for group in groups:
+        assert [capture.local_device(nodes[name].device) for name in group] == list(REPLICAS)
+        assert len({nodes[name].op for name in group}) == 1
+    alone = zoo.cnn(batch=4, image=8, blocks=1)
+    single = capture.capture(alone.concrete_fn, device=emulate.DEVICE)
+    assert capture.rendezvous(single) == ()
 
 
 def _lonely(group_size):

@@ -35,6 +35,9 @@ GB = 10**9
 GiB = 2**30
 
 
+SHARED_LINK_ORDERS = ("fair", "fifo")
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     name: str
@@ -56,6 +59,11 @@ class DeviceSpec:
     # or root port); None: each device's link is its own.  A step replicated over
     # several devices copies on all of them at once: see shared_by.
     shared_link_bytes_per_s: float | None = None
+    # How the devices' copies in one direction share it: "fair", each moving at
+    # once at an even share (DMA engines behind one switch, whose arbiter
+    # interleaves their packets); "fifo", one copy at a time, each at the full
+    # rate, in the order they asked for it (the emulated link's reservations).
+    shared_link_order: str = "fair"
 
     def __post_init__(self):
         for field_name in ("memory_bytes", "peak_flops", "memory_bandwidth_bytes_per_s",
@@ -75,6 +83,9 @@ class DeviceSpec:
                     value, numbers.Real) or not 0 < value < float("inf")):
                 raise ValueError(f"DeviceSpec {self.name!r}: {field_name} must be None or a "
                                  f"finite number of bytes per second > 0, got {value!r}")
+        if self.shared_link_order not in SHARED_LINK_ORDERS:
+            raise ValueError(f"DeviceSpec {self.name!r}: shared_link_order must be one of "
+                             f"{SHARED_LINK_ORDERS}, got {self.shared_link_order!r}")
         if not isinstance(self.copies_on_compute, bool):
             raise ValueError(f"DeviceSpec {self.name!r}: copies_on_compute must be True or "
                              f"False, got {self.copies_on_compute!r}")
@@ -264,9 +275,9 @@ def cpu_emulated(memory_bytes: int = 8 * GiB, cache: bool = True, *,
         launch_overhead_s=2e-6, copy_latency_s=copy_latency_s,
         copies_on_compute=copies_on_compute,
         # The op library has one emulated link per direction for the process:
-        # replicas on several emulated devices share it.  (Plain memcpys run on
-        # each replica's own threads.)
-        shared_link_bytes_per_s=link)
+        # replicas on several emulated devices share it, one reserved copy after
+        # another.  (Plain memcpys run on each replica's own threads.)
+        shared_link_bytes_per_s=link, shared_link_order="fifo")
 
 
 def device_spec(name: str | DeviceSpec) -> DeviceSpec:

@@ -129,6 +129,14 @@ def run_program(cg: CompiledGraph, prog: Program, allocation: Allocation, spec: 
     that the copies move, where they differ from their buffers' (see
     :func:`simulate`'s ``copy_bytes``); None: the buffers' bytes.
     ``copy_order``, ``issue_cost_s``: see :func:`simulate`."""
+    _check_order(copy_order, issue_cost_s, spec)
+    buf_class = buffer_classes(cg, allocation).tolist()
+    core = _simulate(cg, prog, buf_class, allocation, spec, events, moved,
+                     copy_order == "ready", float(issue_cost_s))
+    return SimResult(ideal_time_s=ideal_time(cg, prog.order), **core)
+
+
+def _check_order(copy_order: str, issue_cost_s: float, spec: DeviceSpec) -> None:
     if copy_order not in COPY_ORDERS:
         raise ValueError(f"copy_order must be one of {COPY_ORDERS}, got {copy_order!r}")
     if not (issue_cost_s >= 0 and np.isfinite(issue_cost_s)):
@@ -140,10 +148,6 @@ def run_program(cg: CompiledGraph, prog: Program, allocation: Allocation, spec: 
     if copy_order == "ready" and spec.copies_on_compute:
         raise ValueError("copy_order='ready' queues copies on their own streams; this "
                          "device runs them on the compute stream (copies_on_compute)")
-    buf_class = buffer_classes(cg, allocation).tolist()
-    core = _simulate(cg, prog, buf_class, allocation, spec, events, moved,
-                     copy_order == "ready", float(issue_cost_s))
-    return SimResult(ideal_time_s=ideal_time(cg, prog.order), **core)
 
 
 def ideal_time(cg: CompiledGraph, order: Sequence[int]) -> float:
@@ -160,6 +164,59 @@ def ideal_time(cg: CompiledGraph, order: Sequence[int]) -> float:
 
 def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_order=False,
               issue_cost_s=0.0):
+    run = _device_run(cg, prog, buf_class, allocation, spec, record, moved, ready_order,
+                      issue_cost_s, solo=True)
+    try:
+        next(run)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("a device run alone yields nothing")
+
+
+# The driver's message that ends a device's run (its generator returns its result).
+_END = float("inf")
+
+
+def _drive(runs, shared_link_bytes_per_s=None):
+    """Run the devices' simulations (:func:`_device_run` generators) on one clock.
+
+    Each round: a start pass on every device (again while any of them started
+    something, so that members of a rendezvous the last one opened start at the
+    same instant), then each device's next event under the link's shares (the
+    copies moving in each direction on all devices at that moment), then every
+    device advances to the earliest of them.  Returns each device's result."""
+    for run in runs:
+        next(run)
+    while True:
+        states = [run.send(None) for run in runs]
+        while len(runs) > 1 and any(s[0] for s in states):
+            states = [run.send(None) for run in runs]
+        shares = (sum(s[1] for s in states), sum(s[2] for s in states))
+        te = min(run.send(shares) for run in runs)
+        if te == _END:
+            break
+        for run in runs:
+            run.send(te)
+    results = []
+    for run in runs:
+        try:
+            run.send(_END)
+        except StopIteration as done:
+            results.append(done.value)
+    return results
+
+
+def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready_order=False,
+                issue_cost_s=0.0, shared_link_bytes_per_s=None, rendezvous=None, solo=False,
+                fifo=None, me=0):
+    """One device's simulation as a generator :func:`_drive` steps (see there);
+    ``solo``: the only device, run to its end by one ``next`` (no messages: the
+    planner's loops simulate this way, and each message costs).
+    ``shared_link_bytes_per_s``: what every device's copies in one direction move
+    together (None: the link is this device's); ``fifo``: the :class:`_FifoLink`
+    they take in turn, else they share it evenly; ``rendezvous``: position ->
+    :class:`_Rendezvous` of the ops that start only together with other devices';
+    ``me``: this device's index (ties on the link go to the lower)."""
     order = prog.order
     n = len(order)
     times = [float(cg.op_time[o]) for o in order]
@@ -266,6 +323,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
     # that complete a latency later (time, sequence, is swap-in, index).
     pend_in, pend_out = (list(range(len(ins))), list(d2h_list)) if ready_order else ([], [])
     h_q, d_q, completing = deque(), deque(), []
+    asked = {}   # (is swap-in, index) -> when it joined its queue (a shared FIFO link's turn)
     tickets = itertools.count()
     # Compute time the issued swap ops owe the compute stream (``issue_cost_s``),
     # as of ``debt_t``: paid by the op that runs then, absorbed while it waits.
@@ -283,6 +341,8 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
         nonlocal c_run, c_start, c_end, recompute_s, debt
         if c_run or kc >= n or not all(in_done[i] for i in need_of[kc]) or not all(
                 out_done(j) for j in waits_of[kc]):
+            return False
+        if rendezvous and kc in rendezvous and not rendezvous[kc].arrive(me):
             return False
         extra = 0.0
         for r in recs_of[kc]:
@@ -348,6 +408,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
             if in_ready(ins[i]) and stack[buf_class[ins[i].buf]]:
                 take_in(ins[i])
                 h_q.append(i)
+                asked[(True, i)] = t
                 charge(in_parts[i])
             else:
                 waiting.append(i)
@@ -357,6 +418,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
         for j in pend_out:
             if op_done[outs[j].out_after]:
                 d_q.append(j)
+                asked[(False, j)] = t
                 charge(out_parts[j])
             else:
                 waiting.append(j)
@@ -369,9 +431,13 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
         if ready_order:
             if h_run or not h_q:
                 return False
+            if fifo is not None and not fifo.take(0, me, asked[(True, h_q[0])]):
+                return False
             h_cur = h_q.popleft()
         else:
             if h_run or hi >= len(ins) or not in_ready(ins[hi]):
+                return False
+            if fifo is not None and not fifo.take(0, me, t):
                 return False
             take_in(ins[hi])
             h_cur = hi
@@ -386,9 +452,13 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
         if ready_order:
             if d_run or not d_q:
                 return False
+            if fifo is not None and not fifo.take(1, me, asked[(False, d_q[0])]):
+                return False
             d_cur = d_q.popleft()
         else:
             if d_run or di >= len(d2h_list) or not op_done[outs[d2h_list[di]].out_after]:
+                return False
+            if fifo is not None and not fifo.take(1, me, t):
                 return False
             d_cur = d2h_list[di]
         d_run, d_start, d_rem = True, t, float(out_moved[d_cur])
@@ -417,26 +487,41 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
     starters = (start_out, start_in, start_op) if serial else (start_op, start_in, start_out)
     if ready_order:
         starters = (issue,) + starters
+    me = object()     # this device, to a rendezvous
+    end_t = 0.0       # its last event (the clock goes on while other devices run)
+    msg = None if solo else (yield)
     while True:
-        started = True
-        while started:
-            started = False
-            for start in starters:
-                if serial and (c_run or h_run or d_run):
-                    break
-                if start():
-                    started = True
-        if not (c_run or h_run or d_run or completing):
-            break
+        while msg is None:   # a start pass
+            any_started, started = False, True
+            while started:
+                started = False
+                for start in starters:
+                    if serial and (c_run or h_run or d_run):
+                        break
+                    if start():
+                        started = any_started = True
+            msg = (yield (any_started, h_run, d_run)) if not solo else ()
         rh = spec.h2d_bytes_per_s if not d_run else min(spec.h2d_bytes_per_s,
                                                         spec.duplex_bytes_per_s / 2)
         rd = spec.d2h_bytes_per_s if not h_run else min(spec.d2h_bytes_per_s,
                                                         spec.duplex_bytes_per_s / 2)
+        if shared_link_bytes_per_s is not None:   # msg: copies moving each way, all devices
+            if h_run:
+                rh = min(rh, shared_link_bytes_per_s / (1 if fifo else msg[0]))
+            if d_run:
+                rd = min(rd, shared_link_bytes_per_s / (1 if fifo else msg[1]))
         # A copy holds its stream for its latency, then moves its bytes.
         th = t + h_lat + h_rem / rh if h_run else float("inf")
         td = t + d_lat + d_rem / rd if d_run else float("inf")
         te = min(c_end if c_run else float("inf"), th, td,
                  completing[0][0] if completing else float("inf"))
+        if not (c_run or h_run or d_run or completing):
+            te = _END
+        own, te = te, ((yield te) if not solo else te)
+        if te == _END:
+            break
+        if te == own:        # something of this device's ends now
+            end_t = te
         dt = te - t
         if c_run and c_end == te:
             o = order[kc]
@@ -460,6 +545,8 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
                 else:
                     finish_in(h_cur, h_start, te)
                 h_run = False
+                if fifo is not None:
+                    fifo.give(0)
                 hi += 1
             elif dt <= h_lat:
                 h_lat -= dt
@@ -473,6 +560,8 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
                 else:
                     finish_out(d_cur, d_start, te)
                 d_run = False
+                if fifo is not None:
+                    fifo.give(1)
                 di += 1
             elif dt <= d_lat:
                 d_lat -= dt
@@ -483,6 +572,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
             _, _, is_in, idx, start = heapq.heappop(completing)
             (finish_in if is_in else finish_out)(idx, start, te)
         t = te
+        msg = (yield None) if not solo else None
     if kc < n or hi < len(ins) or di < len(d2h_list):
         raise PlanError("the plan deadlocks: some op or copy waits for something that never "
                         "happens (check in_after, in_wait_for and out_before)")
@@ -491,7 +581,7 @@ def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_o
         busy += x
     busy += recompute_s  # recomputation is work, not waiting
     return dict(
-        step_time_s=t, peak_bytes=peak + allocation.small_pool_bytes,
+        step_time_s=end_t, peak_bytes=peak + allocation.small_pool_bytes,
         h2d_bytes=h2d_bytes, d2h_bytes=d2h_bytes, stall_s=max(0.0, last_op_end - busy),
         class_peak_objects=tuple(peak_use), events=tuple(ev),
         allocation_events=tuple(alloc_events))
@@ -588,6 +678,14 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
     Raises :class:`PlanError` if the plan cannot run as given.
     """
 
+    cg, prog, allocation, moved = _program(graph, plan, keep, allocation, compiled, copy_bytes,
+                                           copy_parts)
+    return run_program(cg, prog, allocation, spec, events=events, moved=moved,
+                       copy_order=copy_order, issue_cost_s=issue_cost_s)
+
+
+def _program(graph, plan, keep, allocation, compiled, copy_bytes, copy_parts):
+    """What :func:`simulate` runs: (compiled graph, program, pool, bytes moved)."""
     allocation = allocation or plan.allocation
     v1 = plan.allocation is None and not plan.resident_parameters
     thr = allocation.small_threshold_bytes if allocation else 1 << 20
@@ -614,5 +712,113 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
         ins_w = [in_b.get((r.buf, r.need), (int(bb[r.buf]), 1)) for r in prog.ins]
         moved = ([w[0] for w in outs_w], [w[0] for w in ins_w],
                  [w[1] for w in outs_w], [w[1] for w in ins_w])
-    return run_program(cg, prog, allocation, spec, events=events, moved=moved,
-                       copy_order=copy_order, issue_cost_s=issue_cost_s)
+    return cg, prog, allocation, moved
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One device's part of a replicated step, for :func:`simulate_replicas`:
+    its lowered graph and plan, and what :func:`simulate` takes with them."""
+    graph: DataflowGraph
+    plan: Plan
+    keep: Sequence[str] = ()
+    compiled: CompiledGraph | None = None
+    copy_bytes: dict[str, int] | None = None
+    copy_parts: dict[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class ReplicatedResult:
+    """:func:`simulate_replicas`' result: the step ends when its last device does."""
+    step_time_s: float
+    devices: tuple[SimResult, ...]   # one per replica, in order, on the shared clock
+
+
+class _Rendezvous:
+    """Ops of several devices that start together (the members of a collective):
+    each member's op starts once every member's is ready."""
+
+    __slots__ = ("size", "arrived")
+
+    def __init__(self, size: int):
+        self.size, self.arrived = size, set()
+
+    def arrive(self, who) -> bool:
+        self.arrived.add(who)
+        return len(self.arrived) >= self.size
+
+
+class _FifoLink:
+    """A link each direction of which (0: host to device, 1: back) moves one copy
+    at a time, whichever device's asked first (ties: the lower device)."""
+
+    __slots__ = ("owner", "waiting")
+
+    def __init__(self):
+        self.owner = [None, None]
+        self.waiting = ({}, {})
+
+    def take(self, direction: int, who: int, since: float) -> bool:
+        waiting = self.waiting[direction]
+        waiting.setdefault(who, since)
+        if self.owner[direction] is not None or \
+                min(waiting, key=lambda w: (waiting[w], w)) != who:
+            return False
+        self.owner[direction] = who
+        del waiting[who]
+        return True
+
+    def give(self, direction: int) -> None:
+        self.owner[direction] = None
+
+
+def simulate_replicas(replicas: Sequence[Replica], spec: DeviceSpec, *,
+                      rendezvous: Sequence[Sequence[str]] = (), events: bool = False,
+                      copy_order: str = "plan", issue_cost_s: float = 0.0) -> ReplicatedResult:
+    """Simulate the devices of a replicated step (one plan each) on one clock.
+
+    Each device runs its plan as :func:`simulate` would, on its own streams,
+    with two couplings.  The host's link: where ``spec.shared_link_bytes_per_s``
+    is set, the copies of all devices in one direction share it as
+    ``spec.shared_link_order`` says: "fair", those moving at one moment at an
+    even share each (and at most their own device's rate), so a copy speeds up
+    when another device's ends; "fifo", one at a time in the order they asked
+    for it (the emulated link).  None: each device's link is its own.  The
+    collectives: each group of ``rendezvous`` names one op per replica (in
+    order), and none of them starts before all of them can (an all-reduce's
+    members wait for each other).  ``spec`` is one device's, not its share
+    (:meth:`DeviceSpec.shared_by` prices a plan made alone for the sharing; this
+    is the sharing itself).
+
+    Example::
+
+        both = simulate_replicas([Replica(g0, plan0), Replica(g1, plan1)], spec,
+                                 rendezvous=[("CollectiveReduceV2", "CollectiveReduceV2_1")])
+        both.step_time_s, [d.peak_bytes for d in both.devices]
+    """
+    if not replicas:
+        raise ValueError("simulate_replicas needs at least one replica")
+    _check_order(copy_order, issue_cost_s, spec)
+    setups = [_program(r.graph, r.plan, r.keep, None, r.compiled, r.copy_bytes, r.copy_parts)
+              for r in replicas]
+    at = [dict() for _ in replicas]   # each device's position -> its rendezvous
+    for group in rendezvous:
+        if len(group) != len(replicas):
+            raise ValueError(f"a rendezvous names one op per replica ({len(replicas)}), got "
+                             f"{list(group)}")
+        meeting = _Rendezvous(len(replicas))
+        for k, ((cg, prog, _, _), name) in enumerate(zip(setups, group)):
+            positions = [i for i, o in enumerate(prog.order) if cg.graph.ops[o].name == name]
+            if not positions:
+                raise ValueError(f"the rendezvous op {name!r} is not among replica {k}'s "
+                                 "scheduled ops")
+            at[k][positions[0]] = meeting
+    shared = spec.shared_link_bytes_per_s if len(replicas) > 1 else None
+    fifo = _FifoLink() if shared is not None and spec.shared_link_order == "fifo" else None
+    runs = [_device_run(cg, prog, buffer_classes(cg, alloc).tolist(), alloc, spec, events,
+                        moved, copy_order == "ready", float(issue_cost_s),
+                        shared_link_bytes_per_s=shared, rendezvous=at[k], fifo=fifo, me=k)
+            for k, (cg, prog, alloc, moved) in enumerate(setups)]
+    results = tuple(SimResult(ideal_time_s=ideal_time(cg, prog.order), **core)
+                    for (cg, prog, _, _), core in zip(setups, _drive(runs)))
+    return ReplicatedResult(max(r.step_time_s for r in results), results)
