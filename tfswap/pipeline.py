@@ -287,7 +287,7 @@ class Planned:
     notes: tuple[str, ...]
     replica_plans: tuple[Plan, ...] = ()   # one per ``prepared.replicas``, in order
     # A replicated step's devices simulated together (replicated_prediction); None
-    # for a step on one device, or where the replicas' plans would wait for each other.
+    # for a step on one device, or where the replicas' plans do not run together.
     replicated: simulator.ReplicatedResult | None = None
 
 
@@ -769,14 +769,15 @@ def replicated_prediction(prepared: Prepared, members, spec: DeviceSpec | None =
     sharing the host's link (``spec``, by default the device's before its share,
     ``prepared.unshared_spec``), their collectives meeting
     (:func:`tfswap.core.simulator.simulate_replicas`, ``options`` passed on).
-    (result, note); the result is None where the plans would wait for each other."""
+    (result, note); the result is None where the plans do not run together (they
+    would wait for each other, or a pool runs out in ``options``' copy order)."""
     present = [{op.name for op in m.graph.ops} for m in members]
     groups = [g for g in prepared.rendezvous if all(n in ops for n, ops in zip(g, present))]
     try:
         joint = simulator.simulate_replicas(members, spec or prepared.unshared_spec,
                                             rendezvous=groups, **options)
     except simulator.PlanError as err:
-        return None, (f"the replicas simulated together wait for each other ({err}): no "
+        return None, (f"the replicas' plans do not run together as simulated ({err}): no "
                       "prediction for the replicated step")
     alone = max(m.plan.prediction.step_time_s for m in members)
     return joint, (f"the replicas together (sharing the link, meeting at {len(groups)} "
