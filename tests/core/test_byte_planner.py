@@ -297,3 +297,31 @@ def test_a_tensor_that_cannot_be_swapped_is_never_moved():
         assert moved and "a:0" not in moved, plan.swaps
     free = byte_planner.plan(graph, cap, SPEC, small_threshold_bytes=0)
     assert "a:0" in {s.tensor for s in free.swaps}   # what it would move otherwise
+
+
+def test_each_program_the_variants_make_is_simulated_once(monkeypatch):
+    """The variants' scans often make the same program (a recomputing scan that
+    dropped nothing at some cap); each is simulated once, and every variant's
+    plan is still what the simulator runs."""
+    from tfswap.core.problem import Problem
+
+    spec = _slow_link()
+    graph = layered_training_step(300, seed=4)
+    problem = Problem.of(graph, recomputable=[op.name for op in graph.ops])
+    budget = int(0.7 * byte_planner.plan(graph, 1 << 62, spec).prediction.peak_bytes)
+    seen = []
+    real = byte_planner._simulated
+
+    def counting(cg, order, prog, spec, shared):
+        seen.append(prog)
+        return real(cg, order, prog, spec, shared)
+
+    monkeypatch.setattr(byte_planner, "_simulated", counting)
+    plans = byte_planner.variants(graph, budget, spec, memory="shared",
+                                  compiled=problem.compiled, recomputable=problem.recomputable)
+    assert len(plans) == 1 + len(byte_planner.RECOMPUTE_SHARES) * len(byte_planner.DROP_ORDERS)
+    assert seen and len(seen) == len(set(seen))
+    for p in plans:
+        assert p.allocation.total_bytes <= budget
+        again = simulate(graph, p, spec, compiled=problem.compiled)
+        assert again.step_time_s == pytest.approx(p.prediction.step_time_s)

@@ -500,13 +500,16 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     allowed = frozenset(i for i, op in enumerate(graph.ops) if op.name in set(recomputable))
     chains = _Chains(cg, [int(o) for o in order], allowed) if allowed else None
     plans, refused = [], None
+    # The variants' scans often make the same program (a recomputing one that
+    # dropped nothing at some cap): each program is simulated once.
+    simulated = {}
     tries = [(None, 1.0, DROP_ORDERS[0])] + [(chains, s, d) for s in RECOMPUTE_SHARES
                                              for d in DROP_ORDERS if chains]
     for choice, share, drop_order in tries:
         try:
             plans.append(_plan_in(graph, cg, order, room, budget_bytes, spec, choice, share,
                                   memory=memory, lookahead=lookahead, rounds=rounds,
-                                  drop_order=drop_order))
+                                  drop_order=drop_order, simulated=simulated))
         except InfeasibleAllocation as err:
             refused = err
         except PlanError as err:   # the scan planned what the simulator cannot run
@@ -520,12 +523,17 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
 
 
 def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memory, lookahead,
-             rounds, drop_order=DROP_ORDERS[0]):
+             rounds, drop_order=DROP_ORDERS[0], simulated=None):
+    """The plan of one variant; ``simulated``: program -> (result, pool) of the
+    programs simulated already (filled in)."""
+    simulated = {} if simulated is None else simulated
+
     def attempt(cap):
         prog = _ByteScan(cg, order, spec, lookahead, 0.0, chains, share,
                          drop_order).run(int(cap))
-        result, pool = _simulated(cg, order, prog, spec, memory == "shared")
-        return prog, result, pool
+        if prog not in simulated:
+            simulated[prog] = _simulated(cg, order, prog, spec, memory == "shared")
+        return (prog,) + simulated[prog]
 
     best = attempt(room)
     if memory == "live" and best[1].peak_bytes > budget_bytes:
