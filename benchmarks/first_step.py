@@ -14,6 +14,12 @@ compares the training step's plan with a foreground search of as many seconds
 on the same problem (the same profile; predicted step times).
 
     python benchmarks/first_step.py --runs 5 --foreground --out benchmarks/out/first_step.jsonl
+
+``--model gru``: instead a model the callback was not developed on (Embedding ->
+Conv1D -> a GRU unrolled over 48 steps -> LayerNorm, SGD with momentum, batches
+of 24 sequences), whose many small state tensors defeat the size-class pools:
+its first plan comes from the byte-cap planner at a lowered small-tensor
+threshold, the slowest way to a first plan.
 """
 
 from __future__ import annotations
@@ -27,9 +33,12 @@ import time
 from pathlib import Path
 
 BATCH, SAMPLES, VALIDATION, EPOCHS = 32, 150, 40, 2
+MODELS = ("cnn", "gru")
+GRU_BATCH, GRU_STEPS, GRU_VOCABULARY = 24, 48, 512
 
 
-def child(run: int, fraction: float, search_time: float, foreground: bool) -> dict:
+def child(run: int, fraction: float, search_time: float, foreground: bool,
+          model_name: str = "cnn") -> dict:
     from tfswap.tf import emulate
 
     emulate.setup()
@@ -39,7 +48,22 @@ def child(run: int, fraction: float, search_time: float, foreground: bool) -> di
     import tfswap
     from tfswap.tf import capture, measure
 
+    def build_gru():
+        keras.utils.set_random_seed(0)
+        L = keras.layers
+        model = keras.Sequential([
+            keras.Input((GRU_STEPS,), dtype="int32"), L.Embedding(GRU_VOCABULARY, 64),
+            L.Conv1D(64, 3, padding="same", activation="relu"),
+            L.GRU(64, unroll=True, return_sequences=True), L.LayerNormalization(),
+            L.GlobalAveragePooling1D(), L.Dense(10)], name="gru")
+        model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        return model
+
     def build():
+        if model_name == "gru":
+            return build_gru()
         keras.utils.set_random_seed(0)
         L = keras.layers
         layers = [keras.Input((16, 16, 3))]
@@ -53,12 +77,15 @@ def child(run: int, fraction: float, search_time: float, foreground: bool) -> di
         return model
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((SAMPLES + VALIDATION, 16, 16, 3), dtype=np.float32)
+    batch = GRU_BATCH if model_name == "gru" else BATCH
+    x = rng.integers(0, GRU_VOCABULARY, (SAMPLES + VALIDATION, GRU_STEPS)).astype(np.int32) \
+        if model_name == "gru" else \
+        rng.standard_normal((SAMPLES + VALIDATION, 16, 16, 3), dtype=np.float32)
     y = rng.integers(0, 10, SAMPLES + VALIDATION).astype(np.int32)
     train, val = (x[:SAMPLES], y[:SAMPLES]), (x[SAMPLES:], y[SAMPLES:])
     plain, swapped = build(), build()
     swapped.set_weights(plain.get_weights())
-    first = (x[:BATCH], y[:BATCH])
+    first = (x[:batch], y[:batch])
     step = capture.capture(tfswap.keras.step_function(build(), first))
     unmodified = measure.measure(step, step.graph_def, list(first),
                                  inter_op_threads=1).peak_bytes
@@ -79,7 +106,7 @@ def child(run: int, fraction: float, search_time: float, foreground: bool) -> di
         keras.utils.set_random_seed(5)
         started = time.perf_counter()
         timer = FirstStep(started)
-        history = model.fit(*train, batch_size=BATCH, epochs=EPOCHS, validation_data=val,
+        history = model.fit(*train, batch_size=batch, epochs=EPOCHS, validation_data=val,
                             shuffle=False, verbose=0, callbacks=[*callbacks, timer]).history
         return history, time.perf_counter() - started, timer.first
 
@@ -100,7 +127,7 @@ def child(run: int, fraction: float, search_time: float, foreground: bool) -> di
             dict(plan=s.plan_id, planner=s.planner, calls=[s.first_call, s.last_call],
                  measured_peak_bytes=s.measured_peak_bytes) for s in spans],
             outcome=getattr(fast, "outcome", "")))
-    row = dict(run=run, order=[n for n, _, _ in order], budget_bytes=budget,
+    row = dict(run=run, model=model_name, order=[n for n, _, _ in order], budget_bytes=budget,
                unmodified_peak_bytes=unmodified, first_step_s=swap_first,
                plain_first_step_s=plain_first, fit_s=swap_s, plain_fit_s=plain_s,
                ratio=swap_s / plain_s, identical=identical, functions=ran)
@@ -109,7 +136,7 @@ def child(run: int, fraction: float, search_time: float, foreground: bool) -> di
         from tfswap.core import planners, search
 
         key = next(k for k in callback.functions if k[0] == "train"
-                   and k[1][0][1][0] == BATCH)
+                   and k[1][0][1][0] == batch)
         fast = callback.functions[key]
         for f in callback.functions.values():
             f.wait()
@@ -142,19 +169,20 @@ def main(argv=None) -> None:
     ap.add_argument("--search-time", type=float, default=60.0)
     ap.add_argument("--foreground", action="store_true",
                     help="run 0 also compares with a foreground search")
+    ap.add_argument("--model", choices=MODELS, default="cnn")
     ap.add_argument("--out", default="benchmarks/out/first_step.jsonl")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
         row = child(args.child, args.fraction, args.search_time,
-                    args.foreground and args.child == 0)
+                    args.foreground and args.child == 0, args.model)
         print("ROW " + json.dumps(row), flush=True)
         return
     rows = []
     root = Path(__file__).resolve().parents[1]
     for run in range(args.runs):
         cmd = [sys.executable, __file__, "--child", str(run), "--fraction", str(args.fraction),
-               "--search-time", str(args.search_time)] + (["--foreground"]
+               "--search-time", str(args.search_time), "--model", args.model] + (["--foreground"]
                                                           if args.foreground else [])
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
         line = next((x for x in done.stdout.splitlines() if x.startswith("ROW ")), None)

@@ -14,6 +14,10 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
+
 import tensorflow as tf
 
 from tfswap.tf.capture import CaptureError, CapturedFunction
@@ -37,9 +41,26 @@ def static_shapes(captured: CapturedFunction, graph_def) -> dict[str, tf.TensorS
             if not op.name.startswith("tfswap_shapes/") for t in op.outputs}
 
 
+# import_with_shapes' graphs, most recent last: one optimize call reads the same
+# graph in each stage (profile, lowering at each small-tensor threshold, the
+# recomputable ops, the host's values), and each import costs two imports of it
+# (0.4 s each for a Keras GRU step unrolled over 48 steps).
+IMPORTED_GRAPHS_KEPT = 4
+_imported: OrderedDict = OrderedDict()
+_imported_lock = threading.Lock()
+
+
 def import_with_shapes(captured: CapturedFunction, graph_def) -> tf.Graph:
     """``graph_def`` imported as is (same node names and inputs), every tensor's
-    static shape set from :func:`static_shapes`."""
+    static shape set from :func:`static_shapes`.  The graph is finalized and
+    shared by the calls on the same graph and variables: read it, never add to it."""
+    key = (hashlib.sha256(graph_def.SerializeToString(deterministic=True)).digest(),
+           tuple((c.name, c.variable.dtype.name, str(c.variable.shape))
+                 for c in captured.captures if c.variable is not None))
+    with _imported_lock:
+        if key in _imported:
+            _imported.move_to_end(key)
+            return _imported[key]
     shapes = static_shapes(captured, graph_def)
     graph = tf.Graph()
     with graph.as_default():
@@ -47,6 +68,11 @@ def import_with_shapes(captured: CapturedFunction, graph_def) -> tf.Graph:
     for op in graph.get_operations():
         for t in op.outputs:
             t.set_shape(shapes[t.name])
+    graph.finalize()
+    with _imported_lock:
+        _imported[key] = graph
+        while len(_imported) > IMPORTED_GRAPHS_KEPT:
+            _imported.popitem(last=False)
     return graph
 
 
