@@ -317,7 +317,7 @@ class Verified:
 
 def prepare(concrete_fn, options: Options) -> Prepared:
     """Capture ``concrete_fn``, profile it and lower it to a :class:`Problem`."""
-    from tfswap.tf import capture as capture_mod
+    from tfswap.tf import capture as capture_mod, ir
 
     started = time.monotonic()
     deadline = None if options.generations is not None else started + options.search_time_s
@@ -375,7 +375,7 @@ def prepare(concrete_fn, options: Options) -> Prepared:
     return Prepared(options, captured, prof, step, spec, budget, device, host, feed, deadline,
                     notes + (f"profile: {prof.source}, {time.monotonic() - started:.1f} s",),
                     update_places=places, replicas=replicas,
-                    rendezvous=capture_mod.rendezvous(captured) if replicas else (),
+                    rendezvous=ir.rendezvous(captured) if replicas else (),
                     unshared_spec=unshared if replicas else None)
 
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import tfswap
 from tfswap import zoo
-from tfswap.tf import capture, emulate, measure
+from tfswap.tf import capture, emulate, ir, measure
 
 STEPS = 3
 REPLICAS = emulate.replica_devices(2)
@@ -74,7 +74,7 @@ def test_the_replicas_collectives_are_matched_one_op_per_device():
     gradient), each with one member on each device, in the replicas' order."""
     step = replicated(zoo.bert, batch=16, seq=128)
     captured = capture.capture(step.concrete_fn, device=emulate.DEVICE)
-    groups = capture.rendezvous(captured)
+    groups = ir.rendezvous(captured)
     nodes = {n.name: n for n in captured.graph_def.node}
     assert sorted(nodes[g[0]].op for g in groups) == ["CollectiveGatherV2",
                                                        "CollectiveReduceV2"]
@@ -83,7 +83,25 @@ def test_the_replicas_collectives_are_matched_one_op_per_device():
         assert len({nodes[name].op for name in group}) == 1
     alone = zoo.cnn(batch=4, image=8, blocks=1)
     single = capture.capture(alone.concrete_fn, device=emulate.DEVICE)
-    assert capture.rendezvous(single) == ()
+    assert ir.rendezvous(single) == ()
+
+
+def test_nccl_all_reduces_are_matched_by_their_shared_name():
+    """What MirroredStrategy uses on GPUs (built here, never run: no NCCL kernel on
+    a CPU): the members of one NcclAllReduce share its ``shared_name``."""
+    @tf.function
+    def nccl(x):
+        outs = []
+        for k, device in enumerate(REPLICAS):
+            with tf.device(device):
+                outs.append(tf.raw_ops.NcclAllReduce(input=x * (k + 1), reduction="sum",
+                                                     num_devices=2, shared_name="c0"))
+        return outs[0] + outs[1]
+
+    captured = capture.capture(nccl.get_concrete_function(tf.TensorSpec([4])),
+                               device=emulate.DEVICE)
+    assert captured.replicas == REPLICAS
+    assert ir.rendezvous(captured) == (("NcclAllReduce", "NcclAllReduce_1"),)
 
 
 def _lonely(group_size):

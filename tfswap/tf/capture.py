@@ -354,43 +354,6 @@ def collective_params(graph_def, captures) -> dict[str, dict]:
     return found
 
 
-def rendezvous(captured: CapturedFunction) -> tuple[tuple[str, ...], ...]:
-    """The collectives of a replicated step that meet, one op per replica each
-    (in ``captured.replicas``' order): the members of one all-reduce, gather or
-    broadcast, which start only together
-    (:func:`tfswap.core.simulator.simulate_replicas`).  Members are matched by
-    their group and instance keys (NCCL's by ``shared_name``), else, where a key
-    is not a constant, by their order in the graph among their device's
-    collectives of the same op.  () for a step on one device.
-
-    Example::
-
-        rendezvous(capture(step))   # (('adam/CollectiveReduceV2', 'adam/CollectiveReduceV2_1'),)
-    """
-    if not captured.replicas:
-        return ()
-    params = collective_params(captured.graph_def, captured.captures)
-    slot = {}
-    keys = {}
-    for node in captured.graph_def.node:
-        if node.op not in COLLECTIVE_OPS:
-            continue
-        on = [k for k, d in enumerate(captured.replicas) if same_device(node.device, d)]
-        if not on:
-            continue
-        if node.op.startswith("Nccl"):
-            key = (node.op, node.attr["shared_name"].s)
-        elif params[node.name]["instance_key"] is not None \
-                and params[node.name]["group_key"] is not None:
-            key = (node.op, params[node.name]["group_key"], params[node.name]["instance_key"])
-        else:   # by order among the device's collectives of this op
-            count = slot[(node.op, on[0])] = slot.get((node.op, on[0]), -1) + 1
-            key = (node.op, "order", count)
-        keys.setdefault(key, {})[on[0]] = node.name
-    return tuple(tuple(members[k] for k in range(len(captured.replicas)))
-                 for members in keys.values() if len(members) == len(captured.replicas))
-
-
 def _other_members(graph_def, captures, replicas) -> list[tuple[str, str, int, int]]:
     """(name, op, group size, local replicas) of each collective with more members
     than the step has replicas here (``MultiWorkerMirroredStrategy``: the others

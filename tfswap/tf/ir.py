@@ -457,14 +457,44 @@ def _this_replica(ops: list[Op], tensors: list[Tensor], captured: CapturedFuncti
 def collective_keys(captured: CapturedFunction) -> dict[str, tuple]:
     """Collective op -> what one all-reduce (gather, broadcast) of all replicas
     shares: its type, group and instance keys
-    (:func:`tfswap.tf.capture.collective_params`); the op's own name where
-    they are not known before the step runs."""
+    (:func:`tfswap.tf.capture.collective_params`), an NCCL op's type and
+    ``shared_name``; the op's own name where they are not known before the step
+    runs."""
     nodes = {n.name: n for n in captured.graph_def.node}
     found = {}
     for name, params in collective_params(captured.graph_def, captured.captures).items():
-        key = (nodes[name].op, params["group_key"], params["instance_key"])
+        node = nodes[name]
+        if node.op.startswith("Nccl") and node.attr["shared_name"].s:
+            found[name] = (node.op, node.attr["shared_name"].s)
+            continue
+        key = (node.op, params["group_key"], params["instance_key"])
         found[name] = (name,) if None in key else key
     return found
+
+
+def rendezvous(captured: CapturedFunction) -> tuple[tuple[str, ...], ...]:
+    """The collectives of a replicated step that meet, one op per replica each
+    (in ``captured.replicas``' order): the members of one all-reduce, gather or
+    broadcast (:func:`collective_keys`), which start only together
+    (:func:`tfswap.core.simulator.simulate_replicas`).  () for a step on one
+    device; a collective whose keys are known only when the step runs meets
+    nothing here.
+
+    Example::
+
+        rendezvous(captured)   # (('adam/CollectiveReduceV2', 'adam/CollectiveReduceV2_1'),)
+    """
+    if not captured.replicas:
+        return ()
+    nodes = {n.name: n for n in captured.graph_def.node}
+    members: dict[tuple, dict[int, str]] = {}
+    for name, key in collective_keys(captured).items():
+        on = [k for k, d in enumerate(captured.replicas) if same_device(nodes[name].device, d)]
+        if on:
+            members.setdefault(key, {})[on[0]] = name
+    n = len(captured.replicas)
+    return tuple(tuple(group[k] for k in range(n)) for group in members.values()
+                 if len(group) == n)
 
 
 def _host_side(ops: list[Op], tensors: list[Tensor], device: str):
