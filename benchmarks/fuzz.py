@@ -48,13 +48,13 @@ def main() -> int:
             reasons[(outcome.status, outcome.detail.split(" B")[0].rstrip("0123456789 "))] += 1
         if outcome.status == "failed":
             failures.append(outcome)
-        if args.verbose or outcome.status in ("failed", "refused"):
+        if args.verbose or outcome.status in ("failed", "refused", "order-sensitive"):
             print(f"seed {seed}: {outcome.status}: {outcome.detail}", flush=True)
     elapsed = time.perf_counter() - started
     print(f"\n{args.graphs} graphs (seeds {args.seed}..{args.seed + args.graphs - 1}, "
           f"max_ops {args.max_ops}, generations {args.generations}) in {elapsed:.0f} s")
     for status in fuzz.STATUSES:
-        print(f"  {status:10s} {counts[status]}")
+        print(f"  {status:15s} {counts[status]}")
     for (status, reason), n in sorted(reasons.items()):
         print(f"    {status}: {n} x {reason}")
     if failures:

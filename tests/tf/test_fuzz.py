@@ -38,9 +38,11 @@ def test_optimize_at_random_feasible_budgets_is_exact_and_within_them():
         # optimize's own trace saw the step fit it unmodified (seed 3 since capture
         # lets Grappler see argument shapes: budget 4868197 B, peak 4925472 B);
         # its results and measured peak were checked all the same.
-        assert outcome.status in ("passed", "refused", "infeasible", "fits"), (
-            outcome.seed, outcome.status, outcome.detail)
-        if outcome.status == "passed":
+        # "order-sensitive": trains as the unmodified step run in the plan's order,
+        # which differs from it run freely (the step's result depends on its order).
+        assert outcome.status in ("passed", "order-sensitive", "refused", "infeasible",
+                                  "fits"), (outcome.seed, outcome.status, outcome.detail)
+        if outcome.status in ("passed", "order-sensitive"):
             assert outcome.swaps > 0
             passed += 1
     # "refused": optimize measured its plan above the model and named a budget
