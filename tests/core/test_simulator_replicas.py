@@ -146,3 +146,13 @@ def test_bad_rendezvous_say_what_is_wrong():
         simulate_replicas([Replica(g, p), Replica(g, p)], OWN, rendezvous=[("d", "x")])
     with pytest.raises(ValueError, match="at least one replica"):
         simulate_replicas([], OWN)
+
+
+def test_a_fifo_link_serves_devices_that_asked_at_once_lowest_first():
+    """Three devices' swap-outs ask at 2 s: devices 1 and 2 wait together, and 1 goes
+    next (ties: the lower device)."""
+    g, p = chain(), plan()
+    three = simulate_replicas([Replica(g, p)] * 3, FIFO, events=True)
+    outs = [next((e.start_s, e.end_s) for e in d.events if e.stream == "d2h")
+            for d in three.devices]
+    assert outs == [(2.0, 3.0), (3.0, 4.0), (4.0, 5.0)]

@@ -216,7 +216,7 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
     together (None: the link is this device's); ``fifo``: the :class:`_FifoLink`
     they take in turn, else they share it evenly; ``rendezvous``: position ->
     :class:`_Rendezvous` of the ops that start only together with other devices';
-    ``me``: this device's index (ties on the link go to the lower)."""
+    ``me``: this device's index, to the link (ties go to the lower) and to a rendezvous."""
     order = prog.order
     n = len(order)
     times = [float(cg.op_time[o]) for o in order]
@@ -487,7 +487,6 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
     starters = (start_out, start_in, start_op) if serial else (start_op, start_in, start_out)
     if ready_order:
         starters = (issue,) + starters
-    me = object()     # this device, to a rendezvous
     end_t = 0.0       # its last event (the clock goes on while other devices run)
     msg = None if solo else (yield)
     while True:
