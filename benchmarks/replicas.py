@@ -90,10 +90,11 @@ def study(name: str, fraction: float, link: float, runs: int, generations: int,
                                 emulate.HOST).graph_def
     steps = [prepared.step] + [r.step for r in prepared.replicas]
     plans = [planned.plan] + list(planned.replica_plans)
-    lowered = [pipeline.replica_attempt(prepared, pipeline.first_attempt(prepared), r).step
-               for r in prepared.replicas]
+    # Each device's step as planned (a replica at the attempt's threshold).
+    planned_on = [planned.attempt.step] + [
+        pipeline.replica_attempt(prepared, planned.attempt, r).step for r in prepared.replicas]
     unshared, live = [], []
-    for st, plan in zip([prepared.step] + lowered, plans):
+    for st, plan in zip(planned_on, plans):
         problem = st.problem
         unshared.append(simulator.simulate(problem.graph, plan, spec, keep=problem.keep,
                                            compiled=problem.compiled).step_time_s)
@@ -111,7 +112,6 @@ def study(name: str, fraction: float, link: float, runs: int, generations: int,
     measured = statistics.median(np.array(traced.untraced_times_s)
                                  / np.array(traced.reference_times_s))
     predicted = max(p.prediction.step_time_s for p in plans) / ideal
-    planned_on = [planned.attempt.step] + lowered
     joint = together(prepared, planned_on, plans)
     unmodified = together(prepared, planned_on, [st.unconstrained for st in planned_on])
     measured_s = statistics.median(traced.untraced_times_s)
@@ -168,15 +168,13 @@ def together(prepared, steps, plans, scale=1.0, spec=None, moved=False, **option
     (``pipeline.replicated_prediction``); ``scale``: every op's time multiplied by
     it; ``moved``: each copy at the bytes the rewrite moves (the tensor it
     copies, where the plan's swap is of a part of its buffer)."""
-    import dataclasses as dc
-
     from tfswap import pipeline
     from tfswap.core import simulator
 
     members = []
     for st, plan in zip(steps, plans):
         cg = st.problem.compiled
-        cg = dc.replace(cg, op_time=cg.op_time * scale) if scale != 1.0 else cg
+        cg = dataclasses.replace(cg, op_time=cg.op_time * scale) if scale != 1.0 else cg
         copy_bytes = {sw.id: st.lowered.graph.tensor(sw.tensor).nbytes
                       for sw in plan.swaps} if moved else None
         members.append(simulator.Replica(st.problem.graph, plan, keep=st.problem.keep,

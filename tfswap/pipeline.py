@@ -42,14 +42,13 @@ from typing import Any
 
 import numpy as np
 
-from tfswap.core import layout, planners, search
+from tfswap.core import layout, planners, search, simulator
 from tfswap.core.budget import BudgetError, parse_budget
 from tfswap.core.devices import DeviceSpec, cpu_emulated, device_spec as resolve_spec
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.infeasible import Infeasible
 from tfswap.core.plan import Allocation, Plan, Prediction
 from tfswap.core.program import from_plan
-from tfswap.core import simulator
 from tfswap.core.simulator import simulate
 from tfswap.core.problem import Problem
 
@@ -234,7 +233,7 @@ class Prepared:
     relocation: Any = None    # the variables place_parameters moved to the host, if any
     update_places: tuple = ()  # core.plan.UpdatePlace: updates not computed on the device
     replicas: tuple[Replica, ...] = ()   # a replicated step's other replicas
-    # A replicated step's collectives, one op per device (capture.rendezvous), and its
+    # A replicated step's collectives, one op per device (ir.rendezvous), and its
     # device's spec before the share of the link (spec is shared_by the replicas):
     # what simulating the replicas together takes (replicated_prediction).
     rendezvous: tuple[tuple[str, ...], ...] = ()
