@@ -280,3 +280,29 @@ def test_issue_cost_slows_the_op_running_and_is_absorbed_by_a_wait():
         simulate(g, plan, LINK, issue_cost_s=0.1)
     with pytest.raises(ValueError, match="issue_cost_s"):
         simulate(g, plan, LINK, copy_order="ready", issue_cost_s=-1.0)
+
+
+def test_a_buffer_moved_as_its_slices_simulates_as_the_buffer_swap():
+    """A finished plan moves the slices an Unpack made of a buffer as one swap each
+    (tfswap.tf.tensor_swaps); simulated, they leave and come back as the one buffer
+    swap the planner planned, each slice a copy of its own."""
+    ops = [Op("a", "X", time_s=1.0), Op("u", "Unpack", ("a:0",), outputs=("u:0", "u:1")),
+           Op("b", "X", time_s=4.0), Op("c0", "X", ("u:0", "b:0"), time_s=1.0),
+           Op("c1", "X", ("u:1", "c0:0"), time_s=1.0)]
+    g = DataflowGraph.build(ops, [Tensor("a:0", 2 * MB), Tensor("u:0", MB, alias_of="a:0"),
+                                  Tensor("u:1", MB, alias_of="a:0"), Tensor("b:0", 2 * MB),
+                                  Tensor("c0:0", 2 * MB), Tensor("c1:0", 2 * MB)])
+    schedule = ("a", "u", "b", "c0", "c1")
+    pool = Allocation((2 * MB,), (3,))
+    whole = Plan(schedule=schedule, allocation=pool, swaps=(
+        Swap("a:0", out_after="u", in_after="b", consumers=("c0", "c1"), bytes=2 * MB),))
+    slices = Plan(schedule=schedule, allocation=pool, swaps=tuple(
+        Swap(t, out_after="u", in_after="b", consumers=(c,), bytes=MB, id=f"a:0|{t}")
+        for t, c in (("u:0", "c0"), ("u:1", "c1"))))
+    planned, finished = simulate(g, whole, LINK), simulate(g, slices, LINK)
+    assert (finished.step_time_s, finished.peak_bytes, finished.h2d_bytes) == (
+        planned.step_time_s, planned.peak_bytes, planned.h2d_bytes)
+    latency = dataclasses.replace(LINK, copy_latency_s=0.25)
+    # Two copies each way: the swap-out and swap-in each pay the latency twice.
+    assert simulate(g, slices, latency).step_time_s == \
+        simulate(g, whole, latency, copy_parts={whole.swaps[0].id: 2}).step_time_s

@@ -58,7 +58,7 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -692,7 +692,8 @@ def _program(graph, plan, keep, allocation, compiled, copy_bytes, copy_parts):
     order = cg.order_of(plan.schedule)
     if allocation is None:
         allocation = default_allocation(cg, order, budget_bytes=np.iinfo(np.int64).max)
-    prog = from_plan(cg, plan.schedule, plan.swaps, None if v1 else plan.resident_parameters)
+    swaps, copy_bytes, copy_parts = _whole_buffers(cg, plan.swaps, copy_bytes, copy_parts)
+    prog = from_plan(cg, plan.schedule, swaps, None if v1 else plan.resident_parameters)
     moved = None
     if copy_bytes or copy_parts:
         copy_bytes, copy_parts = copy_bytes or {}, copy_parts or {}
@@ -700,7 +701,7 @@ def _program(graph, plan, keep, allocation, compiled, copy_bytes, copy_parts):
         tbuf = {t.name: int(cg.tensor_buffer[i]) for i, t in enumerate(cg.graph.tensors)}
         bb = cg.buf_bytes
         out_b, in_b = {}, {}
-        for sw in plan.swaps:
+        for sw in swaps:
             b = tbuf[sw.tensor]
             what = (int(copy_bytes.get(sw.id, bb[b])), int(copy_parts.get(sw.id, 1)))
             if sw.kind == "round_trip":
@@ -712,6 +713,42 @@ def _program(graph, plan, keep, allocation, compiled, copy_bytes, copy_parts):
         moved = ([w[0] for w in outs_w], [w[0] for w in ins_w],
                  [w[1] for w in outs_w], [w[1] for w in ins_w])
     return cg, prog, allocation, moved
+
+
+def _whole_buffers(cg, swaps, copy_bytes, copy_parts):
+    """``swaps`` with the round trips of one buffer that leave and come back
+    together (the values a finished plan moves separately: the slices an Unpack
+    made of it, ``tfswap.tf.tensor_swaps``) as the one buffer swap the planner
+    planned, its readers all of theirs; ``copy_bytes`` and ``copy_parts`` (given
+    per part) added up onto it.  (swaps, copy_bytes, copy_parts)."""
+    tbuf = {t.name: int(cg.tensor_buffer[i]) for i, t in enumerate(cg.graph.tensors)}
+    groups: dict[tuple, list] = {}
+    for sw in swaps:
+        if sw.kind == "round_trip" and tbuf.get(sw.tensor, -1) >= 0:
+            groups.setdefault((tbuf[sw.tensor], sw.out_after, sw.in_after), []).append(sw)
+    parts = [g for g in groups.values() if len(g) > 1]
+    if not parts:
+        return swaps, copy_bytes, copy_parts
+    copy_bytes, copy_parts = dict(copy_bytes or {}), dict(copy_parts or {})
+    whole_of, merged = {}, {}
+    for group in parts:
+        first = group[0]
+        whole_of.update({sw.id: first.id for sw in group})
+        merged[first.id] = replace(first, consumers=tuple(dict.fromkeys(
+            c for sw in group for c in sw.consumers)), in_wait_for=tuple(dict.fromkeys(
+                w for sw in group for w in sw.in_wait_for)))
+        if any(sw.id in copy_bytes for sw in group):
+            copy_bytes[first.id] = sum(copy_bytes.get(sw.id, sw.bytes) for sw in group)
+        copy_parts[first.id] = sum(copy_parts.get(sw.id, 1) for sw in group)
+    whole = []
+    for sw in swaps:
+        if sw.id in whole_of:
+            if whole_of[sw.id] != sw.id:
+                continue
+            sw = merged[sw.id]
+        whole.append(replace(sw, in_wait_for=tuple(dict.fromkeys(
+            whole_of.get(w, w) for w in sw.in_wait_for))))
+    return tuple(whole), copy_bytes, copy_parts
 
 
 @dataclass(frozen=True)
