@@ -1,7 +1,7 @@
 """SwapOut / SwapIn bandwidth and per-copy latency on the GPU (issue #19, point 5).
 
     python benchmarks/gpu_link.py [--sizes 4096,...,268435456] [--short 2] [--long 10]
-        [--repeats 5] [--out benchmarks/out/gpu_link_h100.csv]
+        [--repeats 5] [--modes chained,pipelined] [--out benchmarks/out/gpu_link_h100.csv]
     python benchmarks/gpu_link.py --emulated [--link-bytes-per-s 2e9] ...   # no GPU
 
 For each size and direction (d2h: ``SwapOut``, h2d: ``SwapIn``, duplex: one of
@@ -10,7 +10,10 @@ each at once, from 1 MiB up), a chain of copies of one tensor runs inside one
 the last is done; nothing is read back with ``.numpy()``): one copy's time is
 (t(long chain) - t(short chain)) / (long - short), the median of ``--repeats``
 alternating runs after one untimed run of each (tracing, and the first pinned
-allocations).  The host buffers are the kernels' own: a GPU ``SwapOut``
+allocations).  ``pipelined`` rows run the same copies without the chain's control
+edges: all issued at once, they queue on the direction's stream as a plan's copies
+do, and one copy's time leaves out the chain's completion hand-back (the figure
+``tfswap.tf.gpu.measured_spec`` fits).  The host buffers are the kernels' own: a GPU ``SwapOut``
 allocates its output pinned (``on_host`` + ``gpu_compatible``), and the h2d chain
 copies from one such buffer (:mod:`tfswap.tf.link`).
 
@@ -33,8 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-COLUMNS = ("device", "direction", "bytes", "short", "long", "per_copy_s", "spread_s",
+COLUMNS = ("device", "direction", "mode", "bytes", "short", "long", "per_copy_s", "spread_s",
            "bytes_per_s")
+MODES = ("chained", "pipelined")
 SIZES = tuple(4096 * 4 ** k for k in range(10))   # 4 KiB .. 1 GiB; default stops at 256 MiB
 DUPLEX_FROM = 1 << 20
 
@@ -52,10 +56,16 @@ def parse_args(argv=None):
     parser.add_argument("--short", type=int, default=2)
     parser.add_argument("--long", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="chained (each copy after the previous one's completion), "
+                             "pipelined (all issued at once), or both")
     parser.add_argument("--out", default="benchmarks/out/gpu_link_h100.csv")
     args = parser.parse_args(argv)
     args.sizes = [int(float(s)) for s in args.sizes.split(",") if s]
     args.directions = [d for d in args.directions.split(",") if d]
+    args.modes = [m for m in args.modes.split(",") if m]
+    if not args.modes or set(args.modes) - set(MODES):
+        parser.error(f"--modes takes {', '.join(MODES)}, got {','.join(args.modes)}")
     return args
 
 
@@ -98,38 +108,43 @@ def main(argv=None):
 
         print(f"GPU: {gpu.device_name(device)}; {pcie_link()}", flush=True)
     rows = []
-    print(f"| direction | bytes | per copy (us) | spread (us) | GB/s |\n|---|---|---|---|---|",
-          flush=True)
-    for direction in args.directions:
-        for nbytes in args.sizes:
-            if direction == "duplex" and nbytes < DUPLEX_FROM:
-                continue
-            s = link.sample(direction, nbytes, device, host, short=args.short, long=args.long,
-                            repeats=args.repeats, link_bytes_per_s=args.link_bytes_per_s)
-            rows.append(s)
-            print(f"| {direction} | {s.nbytes} | {s.per_copy_s * 1e6:.1f} "
-                  f"| {s.spread_s * 1e6:.1f} | {s.bytes_per_s / 1e9:.2f} |", flush=True)
+    print("| direction | mode | bytes | per copy (us) | spread (us) | GB/s |\n"
+          "|---|---|---|---|---|---|", flush=True)
+    for mode in args.modes:
+        for direction in args.directions:
+            for nbytes in args.sizes:
+                if direction == "duplex" and nbytes < DUPLEX_FROM:
+                    continue
+                s = link.sample(direction, nbytes, device, host, short=args.short,
+                                long=args.long, repeats=args.repeats,
+                                link_bytes_per_s=args.link_bytes_per_s,
+                                chained=mode == "chained")
+                rows.append(s)
+                print(f"| {direction} | {mode} | {s.nbytes} | {s.per_copy_s * 1e6:.1f} "
+                      f"| {s.spread_s * 1e6:.1f} | {s.bytes_per_s / 1e9:.2f} |", flush=True)
     print()
-    for direction in args.directions:
-        mine = [s for s in rows if s.direction == direction]
-        if len({s.nbytes for s in mine}) < 2:
-            continue
-        try:
-            latency, rate = link.fit(mine)
-        except ValueError as err:   # too few sizes timed above the noise
-            print(f"{direction}: no line fitted ({err})")
-            continue
-        field = {"d2h": "d2h_bytes_per_s", "h2d": "h2d_bytes_per_s",
-                 "duplex": "duplex_bytes_per_s (both ways together)"}[direction]
-        print(f"{direction}: latency {latency * 1e6:.1f} us per copy (copy_latency_s), "
-              f"{rate / 1e9:.2f} GB/s ({field})")
+    for mode in args.modes:
+        for direction in args.directions:
+            mine = [s for s in rows if s.direction == direction and s.chained == (mode == "chained")]
+            if len({s.nbytes for s in mine}) < 2:
+                continue
+            try:
+                latency, rate = link.fit(mine)
+            except ValueError as err:   # too few sizes timed above the noise
+                print(f"{direction} {mode}: no line fitted ({err})")
+                continue
+            field = {"d2h": "d2h_bytes_per_s", "h2d": "h2d_bytes_per_s",
+                     "duplex": "duplex_bytes_per_s (both ways together)"}[direction]
+            print(f"{direction} {mode}: latency {latency * 1e6:.1f} us per copy "
+                  f"(copy_latency_s), {rate / 1e9:.2f} GB/s ({field})")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(COLUMNS)
         for s in rows:
-            writer.writerow((device, s.direction, s.nbytes, s.short, s.long,
+            writer.writerow((device, s.direction, "chained" if s.chained else "pipelined",
+                             s.nbytes, s.short, s.long,
                              f"{s.per_copy_s:.9g}", f"{s.spread_s:.9g}",
                              f"{s.bytes_per_s:.6g}"))
     print(f"wrote {out}")

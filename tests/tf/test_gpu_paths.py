@@ -228,10 +228,58 @@ def test_measured_figures_are_read_back_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     spec = dataclasses.replace(device_spec("a100-40g-pcie4"), name="measured-some-gpu")
     (tmp_path / "tfswap").mkdir()
-    (tmp_path / "tfswap" / "gpu-some-gpu.json").write_text(spec.to_json())
+    (tmp_path / "tfswap" / "gpu-some-gpu.pipelined.json").write_text(spec.to_json())
     got, how = gpu.measured_spec("/device:GPU:0", "Some GPU")
     assert got == spec and isinstance(got, DeviceSpec) and "cached" in how
-    assert "gpu-some-gpu.json" in gpu.cached_specs()
+    assert "gpu-some-gpu.pipelined.json" in gpu.cached_specs()
+
+
+def test_an_unknown_gpu_is_measured_with_copies_queued_as_a_plan_queues_them(
+        tmp_path, monkeypatch):
+    """The link is timed with unchained copies (a chain's per-copy time includes
+    each completion's hand-back, ~100 us on an H200, which a plan's queued copies
+    do not pay); figures cached from chains are not read back."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "tfswap").mkdir()
+    stale = dataclasses.replace(device_spec("a100-40g-pcie4"), name="measured-some-gpu",
+                                copy_latency_s=120e-6)
+    (tmp_path / "tfswap" / "gpu-some-gpu.json").write_text(stale.to_json())
+    asked = []
+
+    def fake_sample(direction, nbytes, device, host, *, chained=True, **kwargs):
+        asked.append(chained)
+        return link.LinkSample(direction, nbytes, 2, 8, 8e-6 + nbytes / 40e9, 0.0, chained)
+
+    monkeypatch.setattr(link, "sample", fake_sample)
+    monkeypatch.setattr(gpu, "total_memory_bytes", lambda index: 80 << 30)
+    monkeypatch.setattr(gpu, "matmul_flops", lambda device: 400e12)
+    monkeypatch.setattr(gpu, "memory_bandwidth", lambda device: 2e12)
+    got, how = gpu.measured_spec("/device:GPU:0", "Some GPU")
+    assert "measured on this machine" in how and asked and not any(asked)
+    assert got.copy_latency_s == pytest.approx(8e-6) and got.h2d_bytes_per_s == pytest.approx(40e9)
+    assert DeviceSpec.from_json((tmp_path / "tfswap" / "gpu-some-gpu.pipelined.json")
+                                .read_text()) == got
+
+
+@pytest.mark.parametrize("direction", link.DIRECTIONS)
+def test_unchained_copies_are_issued_at_once_and_still_share_the_link(direction):
+    """No control edge between the copies; on the emulated link they still cross
+    one at a time (a lower bound on the time, which a loaded machine cannot break)."""
+    import time
+
+    rate, nbytes, copies = 2e9, 1 << 20, 4
+    fn = link.chain(direction, copies, emulate.DEVICE, emulate.HOST, nbytes, rate,
+                    chained=False)
+    swaps = [op for op in fn.graph.get_operations() if op.type in ("SwapOut", "SwapIn")]
+    assert swaps and all(not op.control_inputs for op in swaps)
+    x, y = link.device_tensor(nbytes, emulate.DEVICE, 0), link.device_tensor(nbytes,
+                                                                             emulate.DEVICE, 1)
+    fn(x, y)
+    start = time.perf_counter()
+    fn(x, y)
+    assert time.perf_counter() - start >= copies * nbytes / rate
+    with pytest.raises(ValueError, match="chained must be True or False"):
+        link.chain(direction, copies, emulate.DEVICE, emulate.HOST, nbytes, chained=1)
 
 
 def test_duplex_uses_both_directions_at_once():

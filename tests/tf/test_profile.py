@@ -172,3 +172,32 @@ def test_paired_reference_runs_alternate_with_untraced_runs(cnn):
                                 untraced_runs=3, reference_graph_def=captured.graph_def)
     assert len(traced.metadata) == 1
     assert len(traced.untraced_times_s) == len(traced.reference_times_s) == 3
+
+
+def test_optimize_prices_what_an_isolated_profile_cannot_time_for_its_device_spec():
+    """An op that cannot run alone (a loop, a TensorList) is priced for the device
+    being planned, not for the emulated CPU (on an H200 that made a 16 ms step's
+    ideal 5.1 s), and the profile's note says how many ops were priced."""
+    import tensorflow as tf
+
+    from tfswap import pipeline
+
+    @tf.function
+    def step(x):
+        stacked = tf.TensorArray(tf.float32, size=4)
+        for i in tf.range(4):
+            stacked = stacked.write(i, tf.matmul(x, x) * tf.cast(i, tf.float32))
+        return tf.reduce_sum(stacked.stack())
+
+    fn = step.get_concrete_function(tf.TensorSpec((64, 64), tf.float32))
+    for spec in ("cpu-emulated", "a100-40g-pcie4"):
+        prepared = pipeline.prepare(fn, pipeline.Options.of(
+            memory_budget="1GiB", profile="isolated", device_spec=spec))
+        expected = {o.name: o.time_s for o in profile.analytic(prepared.captured, spec).ops}
+        priced = [o for o in prepared.profile.ops if o.source == "analytic"]
+        assert any(o.time_s > 0 for o in priced)
+        assert all(o.time_s == expected[o.name] for o in priced), spec
+        timed = len(prepared.profile.ops) - len(priced)
+        assert timed >= 1 and any(
+            f"({timed} of {len(prepared.profile.ops)} ops timed alone, {len(priced)} priced "
+            "from the device spec" in note for note in prepared.notes)

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import tfswap
 from tfswap import zoo
-from tfswap.tf import capture, emulate, ir, measure
+from tfswap.tf import capture, emulate, ir, measure, profile
 
 STEPS = 3
 REPLICAS = emulate.replica_devices(2)
@@ -69,21 +69,70 @@ def test_each_replica_fits_its_device_and_trains_as_the_unmodified_replicated_st
         np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
-def test_the_replicas_collectives_are_matched_one_op_per_device():
-    """The BERT-style step's all-reduce and its gather (the embedding's sparse
-    gradient), each with one member on each device, in the replicas' order."""
+@pytest.fixture(scope="module")
+def bert_replicated():
     step = replicated(zoo.bert, batch=16, seq=128)
-    captured = capture.capture(step.concrete_fn, device=emulate.DEVICE)
+    return step, capture.capture(step.concrete_fn, device=emulate.DEVICE)
+
+
+def test_the_replicas_collectives_are_matched_one_op_per_device(bert_replicated):
+    """The BERT-style step's all-reduce, the gather of its embedding gradient's row
+    counts, and the ``tf.cond`` that gathers the rows themselves (padded where the
+    counts differ), each with one member on each device, in the replicas' order."""
+    _, captured = bert_replicated
     groups = ir.rendezvous(captured)
     nodes = {n.name: n for n in captured.graph_def.node}
     assert sorted(nodes[g[0]].op for g in groups) == ["CollectiveGatherV2",
-                                                       "CollectiveReduceV2"]
+                                                       "CollectiveReduceV2", "If"]
     for group in groups:
         assert [capture.local_device(nodes[name].device) for name in group] == list(REPLICAS)
         assert len({nodes[name].op for name in group}) == 1
+    # The cond meets by the keys of the gathers in its branches (values and
+    # indices, in each branch), as the other replica's cond holds them.
+    cond = next(g[0] for g in groups if nodes[g[0]].op == "If")
+    inner = capture.collective_calls(captured.graph_def, captured.captures)[cond]
+    assert len(inner) == 4 and {k[0] for k in inner} == {"CollectiveGatherV2"}
     alone = zoo.cnn(batch=4, image=8, blocks=1)
     single = capture.capture(alone.concrete_fn, device=emulate.DEVICE)
     assert ir.rendezvous(single) == ()
+
+
+def test_what_waits_for_another_replica_comes_after_the_cond_holding_collectives(
+        bert_replicated):
+    """A replica's plan orders every op that reads another replica's value after
+    its own collectives, the ``tf.cond`` holding the all-gather included: that
+    value may come after the other replica's cond, which waits for this one's, so
+    a swap-in the cond reads, triggered by such an op, would wait forever (seen
+    in CI, 2026-11-26: a planned replicated BERT-style step did not finish in
+    60 s, its ring gather waiting for the other replica)."""
+    _, captured = bert_replicated
+    nodes = {n.name: n for n in captured.graph_def.node}
+    cond = next(g for g in ir.rendezvous(captured) if nodes[g[0]].op == "If")
+    for k, device in enumerate(REPLICAS):
+        on = dataclasses.replace(captured, device=device)
+        graph = ir.lower(on, profile.analytic(on, "cpu-emulated")).graph
+        ops = {op.name: op for op in graph.ops}
+
+        def before(name):
+            seen, stack = set(), [name]
+            while stack:
+                n = stack.pop()
+                if n not in seen and n in ops:
+                    seen.add(n)
+                    stack += [t.rpartition(":")[0] for t in ops[n].inputs]
+                    stack += list(ops[n].control_inputs)
+            return seen
+
+        def home(name):
+            return capture.local_device(nodes[name].device) if nodes[name].device else None
+
+        waiting = [n.name for n in captured.graph_def.node if n.name in ops
+                   and home(n.name) == device and any(
+                       home(src) not in (None, device) and nodes[src].op != "Placeholder"
+                       for src in (i.lstrip("^").partition(":")[0] for i in n.input))
+                   and n.name not in before(cond[k])]
+        assert waiting, device
+        assert all(cond[k] in before(name) for name in waiting), (device, waiting)
 
 
 def test_nccl_all_reduces_are_matched_by_their_shared_name():

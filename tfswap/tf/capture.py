@@ -26,6 +26,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import nest
 
@@ -352,6 +353,107 @@ def collective_params(graph_def, captures) -> dict[str, dict]:
             found[node.name] = {k: known(data[j]) if len(data) > j else None
                                 for j, k in enumerate(names, 1)}
     return found
+
+
+def collective_calls(graph_def, captures=()) -> dict[str, tuple | None]:
+    """Op that calls functions running collectives -> those collectives' keys.
+
+    A cond's branches, a loop's body or a called function can hold the
+    collectives (``MirroredStrategy`` all-gathers an embedding's sparse
+    gradient inside a ``tf.cond`` on whether every replica has as many rows);
+    the calling op then meets the other replicas' like a collective does.  The
+    keys: the sorted (op type, group key, instance key) of every collective in
+    the op's functions, nested calls included, each key a constant there or
+    passed in from one (a constant or captured value of the step); None where
+    one is known only when the step runs.  Ops whose functions run no
+    collective are left out::
+
+        collective_calls(graph_def)   # {'adam/cond': (('CollectiveGatherV2', 1, 108), ...)}
+    """
+    library = {f.signature.name: f for f in graph_def.library.function}
+    values = {c.name.partition(":")[0]: c.value for c in captures
+              if c.variable is None and c.value.dtype != tf.resource}
+
+    def called(node) -> list[str]:
+        names = [node.op] if node.op in library else []
+        for value in node.attr.values():
+            if value.HasField("func"):
+                names.append(value.func.name)
+            names += [f.name for f in value.list.func]
+        return [n for n in names if n in library]
+
+    def scalar(value):
+        value = np.asarray(value)
+        return int(value) if value.size == 1 and value.dtype.kind in "iu" else None
+
+    def const(node):
+        if node is None or node.op != "Const" or \
+                any(d.size > 1 for d in node.attr["value"].tensor.tensor_shape.dim):
+            return None
+        return scalar(tf.make_ndarray(node.attr["value"].tensor))
+
+    def passed(node, resolve) -> tuple:
+        """What the call passes each of its function's arguments (the data inputs
+        after a cond's predicate or a case's index)."""
+        data = [i for i in node.input if not i.startswith("^")]
+        if node.op in ("If", "StatelessIf", "Case", "StatelessCase"):
+            data = data[1:]
+        return tuple(resolve(raw) for raw in data)
+
+    memo: dict[tuple, tuple | None] = {}
+
+    def keys_in(fname: str, args: tuple) -> tuple | None:
+        if (fname, args) in memo:
+            return memo[fname, args]
+        memo[fname, args] = ()   # a recursive call adds nothing
+        fn = library[fname]
+        body = {n.name: n for n in fn.node_def}
+        bound = {a.name: v for a, v in zip(fn.signature.input_arg, args)}
+
+        def resolve(raw: str):
+            name = raw.partition(":")[0]
+            return bound.get(name) if ":" not in raw and name in bound else const(body.get(name))
+
+        found, unknown = set(), False
+        for node in body.values():
+            if node.op in COLLECTIVE_OPS:
+                if "instance_key" in node.attr:
+                    key = (node.op, node.attr["group_key"].i, node.attr["instance_key"].i)
+                elif node.op.startswith("Nccl"):
+                    key = (node.op, node.attr["shared_name"].s.decode() or None, 0)
+                else:
+                    data = [i for i in node.input if not i.startswith("^")]
+                    key = (node.op,) + tuple(resolve(data[j]) if len(data) > j else None
+                                             for j in (2, 3))
+                unknown |= None in key
+                found.add(key)
+            for inner in called(node):
+                sub = keys_in(inner, passed(node, resolve))
+                unknown |= sub is None
+                found |= set(sub or ())
+        memo[fname, args] = None if unknown else tuple(sorted(found))
+        return memo[fname, args]
+
+    nodes = {n.name: n for n in graph_def.node}
+
+    def resolve_here(raw: str):
+        name = raw.partition(":")[0]
+        known = const(nodes.get(name))
+        if known is None and name in values and values[name].shape.num_elements() == 1:
+            return scalar(values[name].numpy())
+        return known
+
+    calls = {}
+    for node in graph_def.node:
+        names = called(node)
+        if not names:
+            continue
+        parts = [keys_in(n, passed(node, resolve_here)) for n in names]
+        if any(p is None for p in parts):
+            calls[node.name] = None
+        elif any(parts):
+            calls[node.name] = tuple(sorted({k for p in parts for k in p}))
+    return calls
 
 
 def _other_members(graph_def, captures, replicas) -> list[tuple[str, str, int, int]]:

@@ -54,7 +54,7 @@ from tfswap.core import liveness
 from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.profile import Profile
 from tfswap.tf import grappler
-from tfswap.tf.capture import (COLLECTIVE_OPS, CapturedFunction, collective_params,
+from tfswap.tf.capture import (CapturedFunction, collective_calls, collective_params,
                                 same_device)
 from tfswap.tf.recomputable import merged, refusal
 from tfswap.tf.shapes import import_with_shapes
@@ -417,7 +417,7 @@ def _this_replica(ops: list[Op], tensors: list[Tensor], captured: CapturedFuncti
     # that op may follow its own replica's collective in the order the rewrite
     # gives that replica, and a collective ends only once every replica's has
     # started.  (Not what a collective here needs: that would be a cycle.)
-    collectives = [op.name for op in ops if op.name in kept and op.type in COLLECTIVE_OPS]
+    collectives = [op.name for op in ops if op.name in kept and op.name in keys]
     feeds_collective, stack = set(), list(collectives)
     while stack:
         name = stack.pop()
@@ -459,7 +459,10 @@ def collective_keys(captured: CapturedFunction) -> dict[str, tuple]:
     shares: its type, group and instance keys
     (:func:`tfswap.tf.capture.collective_params`), an NCCL op's type and
     ``shared_name``; the op's own name where they are not known before the step
-    runs."""
+    runs.  An op calling functions that run collectives (a ``tf.cond`` holding an
+    all-gather) is one too, keyed by theirs
+    (:func:`tfswap.tf.capture.collective_calls`): a plan that ordered it after
+    what waits for another replica would wait for that replica's, forever."""
     nodes = {n.name: n for n in captured.graph_def.node}
     found = {}
     for name, params in collective_params(captured.graph_def, captured.captures).items():
@@ -469,6 +472,8 @@ def collective_keys(captured: CapturedFunction) -> dict[str, tuple]:
             continue
         key = (node.op, params["group_key"], params["instance_key"])
         found[name] = (name,) if None in key else key
+    for name, inner in collective_calls(captured.graph_def, captured.captures).items():
+        found[name] = (name,) if inner is None else ("call",) + inner
     return found
 
 

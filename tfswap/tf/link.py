@@ -11,15 +11,24 @@ made by one ``SwapOut`` at the start of the same function.
 
 A chain's time less a shorter chain's, over the copies between them, is one
 copy's time: the call's fixed cost (and the host-to-device chain's first
-``SwapOut``) cancels.  Directions: "d2h" (``SwapOut``), "h2d" (``SwapIn``), and
+``SwapOut``) cancels.  ``chained=False`` drops the control edges: the copies,
+all issued at once, queue on the direction's stream back to back, as a plan's
+copies do, so one copy's time is what it holds the stream for (its bytes and
+its issue), without waiting for the previous copy's completion to reach the
+executor.  Directions: "d2h" (``SwapOut``), "h2d" (``SwapIn``), and
 "duplex" (a d2h chain and an h2d chain in one function, independent of each
 other, so both copy engines are busy; its per-copy time moves ``2 * nbytes``).
 
 :func:`fit` takes per-copy times over several sizes to a latency (the line's
 intercept, ``DeviceSpec.copy_latency_s``) and a bandwidth (1 / its slope).
-Because each copy here waits for the previous one's completion to reach the
-executor, the latency includes that hand-back; copies a plan issues back to
-back on one stream pipeline past it, so it is an upper bound for them.
+Chained, each copy waits for the previous one's completion to reach the
+executor, and the latency includes that hand-back: on an H200 (2026-11-26) a
+chained copy of 256 KiB to 1 MiB took 94-112 us, and a spec with that
+latency (120 us, fitted on chains) predicted a 4-layer LSTM's plan of 464
+round trips at 113.6 ms, measured 40.4 ms; the same plans simulated at 13 us
+came within -10% to +23% of every measured row.  ``DeviceSpec.copy_latency_s``
+is what a copy holds its stream for, so :func:`tfswap.tf.gpu.measured_spec`
+fits unchained copies.
 
 On the emulated device (``device``/``host`` the two CPUs) the same chains run
 the CPU kernels (memcpys, or an emulated link with ``link_bytes_per_s``).
@@ -54,6 +63,7 @@ class LinkSample:
     long: int              # copies in the longer chain
     per_copy_s: float      # median of (t_long - t_short) / (long - short)
     spread_s: float        # max - min of those per-copy times over the repeats
+    chained: bool = True   # each copy waited for the previous one (else issued at once)
 
     @property
     def bytes_per_s(self) -> float:
@@ -63,8 +73,9 @@ class LinkSample:
 
 
 def chain(direction: str, copies: int, device: str, host: str, nbytes: int,
-          link_bytes_per_s: float = 0.0):
-    """A function of two device tensors of ``nbytes`` running ``copies`` chained copies.
+          link_bytes_per_s: float = 0.0, chained: bool = True):
+    """A function of two device tensors of ``nbytes`` running ``copies`` copies,
+    each after the previous one (``chained``) or all at once.
 
     Built with ``tf.compat.v1.wrap_function``, as tfswap binds a rewritten step
     (:mod:`tfswap.tf.runtime`): a ``tf.function`` would add automatic control
@@ -75,36 +86,43 @@ def chain(direction: str, copies: int, device: str, host: str, nbytes: int,
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
         raise ValueError(f"copies must be an int >= 1, got {copies!r}")
+    if not isinstance(chained, bool):
+        raise ValueError(f"chained must be True or False, got {chained!r}")
     ops.load()
+
+    def after(previous):
+        return [previous] if chained and previous is not None else []
     del host   # the swap ops run on the device; their host side is their HostMemory
 
     def d2h_chain(x):
-        last = None
+        made, last = [], None
         for _ in range(copies):
-            with tf.control_dependencies([last] if last is not None else []):
+            with tf.control_dependencies(after(last)):
                 last = ops.swap_out(x, link_bytes_per_s=link_bytes_per_s)
-        return last
+            made.append(last)
+        return made
 
     def h2d_chain(x):
         # The host buffer: one SwapOut's pinned output (in both chain lengths).
         held = ops.swap_out(x, link_bytes_per_s=0.0)
-        last = held
+        made, last = [], None
         for _ in range(copies):
-            with tf.control_dependencies([last]):
+            with tf.control_dependencies(after(last)):
                 last = ops.swap_in(held, link_bytes_per_s=link_bytes_per_s)
-        return last
+            made.append(last)
+        return made
 
     def run(x, y):
         with tf.device(device):
             if direction == "d2h":
-                last = [d2h_chain(x)]
+                last = d2h_chain(x)
             elif direction == "h2d":
-                last = [h2d_chain(x)]
+                last = h2d_chain(x)
             else:
-                last = [d2h_chain(x), h2d_chain(y)]
-            # A scalar that depends on every chain's last copy, so the call
-            # returns only when they are done (the ops are stateful and run
-            # anyway); no copy's bytes are read back.
+                last = d2h_chain(x) + h2d_chain(y)
+            # A scalar that depends on every copy, so the call returns only when
+            # they are done (the ops are stateful and run anyway); no copy's
+            # bytes are read back.
             with tf.control_dependencies(last):
                 return tf.identity(tf.constant(0, tf.int32))
 
@@ -121,8 +139,10 @@ def device_tensor(nbytes: int, device: str, seed: int = 0):
 
 
 def sample(direction: str, nbytes: int, device: str, host: str, *, short: int = 2,
-           long: int = 10, repeats: int = 5, link_bytes_per_s: float = 0.0) -> LinkSample:
-    """One copy's time for ``nbytes`` in ``direction``: module docstring.
+           long: int = 10, repeats: int = 5, link_bytes_per_s: float = 0.0,
+           chained: bool = True) -> LinkSample:
+    """One copy's time for ``nbytes`` in ``direction``, chained or issued at once:
+    module docstring.
 
     Each chain length runs once untimed (tracing, and the first pinned
     allocations of that size), then ``repeats`` times alternating with the
@@ -134,7 +154,8 @@ def sample(direction: str, nbytes: int, device: str, host: str, *, short: int = 
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     x = device_tensor(nbytes, device, 0)
     y = device_tensor(nbytes, device, 1)
-    fns = {n: chain(direction, n, device, host, nbytes, link_bytes_per_s) for n in (short, long)}
+    fns = {n: chain(direction, n, device, host, nbytes, link_bytes_per_s, chained)
+           for n in (short, long)}
     for fn in fns.values():
         fn(x, y)
     per_copy = []
@@ -146,7 +167,8 @@ def sample(direction: str, nbytes: int, device: str, host: str, *, short: int = 
             times[n] = time.perf_counter() - start
         per_copy.append((times[long] - times[short]) / (long - short))
     return LinkSample(direction, int(nbytes // 4 * 4), short, long,
-                      float(statistics.median(per_copy)), float(max(per_copy) - min(per_copy)))
+                      float(statistics.median(per_copy)), float(max(per_copy) - min(per_copy)),
+                      chained)
 
 
 def fit(samples) -> tuple[float, float]:
