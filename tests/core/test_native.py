@@ -116,3 +116,30 @@ def test_planner_modules_import_no_tensorflow():
             "tfswap.core.native, research.synthetic; tfswap.core.native.library(); "
             "assert 'tensorflow' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_compiled_graph_evaluated_here_evaluates_the_same_after_a_pickle_elsewhere(tmp_path):
+    """What ``benchmarks/gpu_validate.py`` saves (a GPU row's planning problem) is
+    searched again in another process: the native arguments cached on the compiled
+    graph hold this process's addresses and must not travel (they crashed
+    ``tfswap_plan_simulate`` there)."""
+    import pickle
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    g = layered_training_step(200, seed=5)
+    cg = CompiledGraph.build(g)
+    order = cg.order_of(None)
+    alloc = default_allocation(cg, order, budgets(cg, order, 0.5)[0])
+    here = native.evaluate(cg, order, alloc, SPEC)   # caches the native arguments
+    path = tmp_path / "cg.pkl"
+    path.write_bytes(pickle.dumps((cg, order, alloc, SPEC)))
+    code = ("import pickle, sys; from tfswap.core import native; "
+            "cg, order, alloc, spec = pickle.load(open(sys.argv[1], 'rb')); "
+            "ev = native.evaluate(cg, order, alloc, spec); print(repr(ev.step_time_s))")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                         text=True, cwd=root, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.strip()) == here.step_time_s

@@ -60,6 +60,13 @@ class CompiledGraph:
     small_use_ptr: np.ndarray    # int32 [S+1], CSR into small_use
     small_use: np.ndarray        # int32: ops that read a small buffer
 
+    def __getstate__(self) -> dict:
+        # Caches kept beside the fields (the native planner's arguments) hold
+        # addresses of this process's arrays: pickled, they would point at
+        # nothing in the process that loads them (a GPU row's saved problem
+        # searched again here crashed in tfswap_plan_simulate).
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
     @property
     def n_ops(self) -> int:
         return len(self.op_time)
