@@ -135,6 +135,10 @@ def test_a_compiled_graph_evaluated_here_evaluates_the_same_after_a_pickle_elsew
     here = native.evaluate(cg, order, alloc, SPEC)   # caches the native arguments
     path = tmp_path / "cg.pkl"
     path.write_bytes(pickle.dumps((cg, order, alloc, SPEC)))
+    # A problem saved before the cache was left out carries it: loading drops it.
+    stale = object.__new__(CompiledGraph)
+    stale.__setstate__(dict(cg.__dict__, _native_args=([], (0,))))
+    assert native.evaluate(stale, order, alloc, SPEC).step_time_s == here.step_time_s
     code = ("import pickle, sys; from tfswap.core import native; "
             "cg, order, alloc, spec = pickle.load(open(sys.argv[1], 'rb')); "
             "ev = native.evaluate(cg, order, alloc, spec); print(repr(ev.step_time_s))")

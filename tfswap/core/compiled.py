@@ -67,6 +67,10 @@ class CompiledGraph:
         # searched again here crashed in tfswap_plan_simulate).
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
+    def __setstate__(self, state: dict) -> None:
+        # Problems saved before __getstate__ existed carry the cache too.
+        self.__dict__.update({k: v for k, v in state.items() if not k.startswith("_")})
+
     @property
     def n_ops(self) -> int:
         return len(self.op_time)
