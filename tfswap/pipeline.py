@@ -782,13 +782,20 @@ def replicated_prediction(prepared: Prepared, members, spec: DeviceSpec | None =
     sharing the host's link (``spec``, by default the device's before its share,
     ``prepared.unshared_spec``), their collectives meeting
     (:func:`tfswap.core.simulator.simulate_replicas`, ``options`` passed on).
-    (result, note); the result is None where the plans do not run together (they
-    would wait for each other, or a pool runs out in ``options``' copy order)."""
+    (result, note); the result is None where a pool runs out in ``options``' copy
+    order.  Raises :class:`ReplicasStuckError` where the plans wait for each other:
+    their rewritten step would never finish, and with ``verify_rounds=0`` nothing
+    would run it before the user's training does."""
     present = [{op.name for op in m.graph.ops} for m in members]
     groups = [g for g in prepared.rendezvous if all(n in ops for n, ops in zip(g, present))]
     try:
         joint = simulator.simulate_replicas(members, spec or prepared.unshared_spec,
                                             rendezvous=groups, **options)
+    except simulator.Deadlock as err:
+        raise ReplicasStuckError(
+            f"the replicas' plans wait for each other as simulated together ({err}): their "
+            "rewritten step would never finish (a tfswap bug: please report it with the "
+            "step). The unmodified step is untouched.") from err
     except simulator.PlanError as err:
         return None, (f"the replicas' plans do not run together as simulated ({err}): no "
                       "prediction for the replicated step")
@@ -1068,8 +1075,8 @@ def verify(made: Materialized) -> Verified:
 
 
 class ReplicasStuckError(RuntimeError):
-    """A replicated step's rewritten graph did not finish: its replicas' plans
-    wait for each other across an all-reduce."""
+    """A replicated step's replicas' plans wait for each other across a collective:
+    simulated together before anything runs, or its rewritten graph measured."""
 
 
 def _replicated_timeout_s(prepared: Prepared) -> float:

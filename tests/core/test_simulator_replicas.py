@@ -8,7 +8,7 @@ import pytest
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.plan import Allocation, Plan, Swap
-from tfswap.core.simulator import PlanError, Replica, simulate, simulate_replicas
+from tfswap.core.simulator import Deadlock, PlanError, Replica, simulate, simulate_replicas
 
 MB = 1 << 20
 # Each device's link moves 1 MB/s each way (both ways at once); all devices' copies
@@ -133,9 +133,10 @@ def test_a_collective_a_member_never_reaches_deadlocks():
     ops = [Op("r0", "X", time_s=1.0), Op("r1", "X", ("r0:0",), time_s=1.0)]
     g = DataflowGraph.build(ops, [Tensor("r0:0", MB), Tensor("r1:0", MB)])
     p = Plan(schedule=("r0", "r1"), allocation=Allocation((MB,), (2,)))
-    with pytest.raises(PlanError, match="deadlocks"):
+    with pytest.raises(Deadlock, match="deadlocks"):
         simulate_replicas([Replica(g, p), Replica(g, p)], OWN,
                           rendezvous=[("r0", "r1"), ("r1", "r0")])
+    assert issubclass(Deadlock, PlanError)
 
 
 def test_bad_rendezvous_say_what_is_wrong():

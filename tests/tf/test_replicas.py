@@ -135,6 +135,26 @@ def test_what_waits_for_another_replica_comes_after_the_cond_holding_collectives
         assert all(cond[k] in before(name) for name in waiting), (device, waiting)
 
 
+def test_plans_that_would_wait_for_each_other_are_refused_before_anything_runs(
+        bert_replicated, monkeypatch):
+    """Where the replicas' plans simulated together wait for each other, ``optimize``
+    raises at once: unverified (``verify_rounds=0``) the rewritten step would hang the
+    user's training.  Made here by pairing the collectives crosswise (the first
+    replica's all-reduce with the second's cond, and the reverse), which no real
+    step does: each replica's cond comes after its all-reduce."""
+    step, captured = bert_replicated
+    nodes = {n.name: n for n in captured.graph_def.node}
+    groups = ir.rendezvous(captured)
+    reduce_, cond = (next(g for g in groups if nodes[g[0]].op == op)
+                     for op in ("CollectiveReduceV2", "If"))
+    crossed = ((reduce_[0], cond[1]), (cond[0], reduce_[1]))
+    monkeypatch.setattr(ir, "rendezvous", lambda _: crossed)
+    budget = int(0.5 * max(device_peaks(step).values()))
+    with pytest.raises(tfswap.pipeline.ReplicasStuckError, match="simulated together"):
+        tfswap.optimize(step.concrete_fn, budget, device=emulate.DEVICE, host=emulate.HOST,
+                        generations=1, workers=1, inputs=step.batch, verify_rounds=0)
+
+
 def test_nccl_all_reduces_are_matched_by_their_shared_name():
     """What MirroredStrategy uses on GPUs (built here, never run: no NCCL kernel on
     a CPU): the members of one NcclAllReduce share its ``shared_name``."""

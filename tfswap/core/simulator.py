@@ -78,6 +78,11 @@ class PlanError(RuntimeError):
     """
 
 
+class Deadlock(PlanError):
+    """The plan waits for something that never happens; for replicas simulated
+    together (:func:`simulate_replicas`), their plans wait for each other."""
+
+
 @dataclass(frozen=True)
 class SimEvent:
     """One item on one stream: ``stream`` is "compute", "h2d" or "d2h"; ``name`` is
@@ -573,8 +578,8 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
         t = te
         msg = (yield None) if not solo else None
     if kc < n or hi < len(ins) or di < len(d2h_list):
-        raise PlanError("the plan deadlocks: some op or copy waits for something that never "
-                        "happens (check in_after, in_wait_for and out_before)")
+        raise Deadlock("the plan deadlocks: some op or copy waits for something that never "
+                       "happens (check in_after, in_wait_for and out_before)")
     busy = 0.0
     for x in times:  # left to right, as the native simulator adds (not math.fsum)
         busy += x
