@@ -211,8 +211,10 @@ def _named_minimum(err) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2) -> Outcome:
+def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2, *,
+          byte_planner: bool = False, verify_rounds: int = 3) -> Outcome:
     """Build ``random_step(seed)`` and check tfswap's property on it (module doc).
+    ``byte_planner``, ``verify_rounds``: passed to ``optimize``.
 
     Never raises for a property violation: the outcome says ``failed`` with
     the reason (and the traceback for an unexpected error).
@@ -231,7 +233,8 @@ def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2) ->
                                inter_op_threads=1).peak_bytes
         # Device-homed: the check runs the captured graph on the same variables.
         kwargs = dict(generations=generations, seed=seed, workers=1, inputs=step.batch,
-                      profile="trace", parameters="device")
+                      profile="trace", parameters="device", byte_planner=byte_planner,
+                      verify_rounds=verify_rounds)
         try:
             tfswap.optimize(step.concrete_fn, max(1, peak // 8), **kwargs)
             return Outcome(seed, "fits", f"fits in 1/8 of its peak {peak} B")
