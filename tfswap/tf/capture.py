@@ -327,32 +327,63 @@ def _on_resource_devices(graph_def, captures) -> None:
                 break
 
 
-def collective_params(graph_def, captures) -> dict[str, dict]:
-    """Collective op -> its ``group_size``, ``group_key`` and ``instance_key``:
-    attributes of the V1 ops, inputs 1-3 of the V2 ones where those are
-    constants or captured values; None where not known before the step runs."""
+_KEY_NAMES = ("group_size", "group_key", "instance_key")
+
+
+def _scalar(value):
+    value = np.asarray(value)
+    return int(value) if value.size == 1 and value.dtype.kind in "iu" else None
+
+
+def _const(node):
+    """A scalar integer ``Const`` node's value; None for anything else."""
+    if node is None or node.op != "Const" or \
+            any(d.size > 1 for d in node.attr["value"].tensor.tensor_shape.dim):
+        return None
+    return _scalar(tf.make_ndarray(node.attr["value"].tensor))
+
+
+def _step_values(graph_def, captures):
+    """``raw input name -> its integer value`` where the step's graph knows it before
+    running: a scalar constant or captured value; None otherwise."""
     nodes = {n.name: n for n in graph_def.node}
     values = {c.name.partition(":")[0]: c.value for c in captures
               if c.variable is None and c.value.dtype != tf.resource}
 
-    def known(raw: str):
+    def resolve(raw: str):
         name = raw.partition(":")[0]
-        if name in nodes and nodes[name].op == "Const":
-            return int(tf.make_ndarray(nodes[name].attr["value"].tensor))
-        return int(values[name].numpy()) if name in values else None
+        known = _const(nodes.get(name))
+        if known is None and name in values and values[name].shape.num_elements() == 1:
+            return _scalar(values[name].numpy())
+        return known
+    return resolve
 
-    names = ("group_size", "group_key", "instance_key")
-    found = {}
-    for node in graph_def.node:
-        if node.op not in COLLECTIVE_OPS:
-            continue
-        if "instance_key" in node.attr:
-            found[node.name] = {k: node.attr[k].i for k in names}
-        else:
-            data = [i for i in node.input if not i.startswith("^")]
-            found[node.name] = {k: known(data[j]) if len(data) > j else None
-                                for j, k in enumerate(names, 1)}
-    return found
+
+def _params_of(node, resolve) -> dict:
+    """A collective node's ``group_size``, ``group_key`` and ``instance_key``: the V1
+    ops' attributes, the V2 ones' data inputs 1-3 through ``resolve``."""
+    if "instance_key" in node.attr:
+        return {k: node.attr[k].i for k in _KEY_NAMES}
+    data = [i for i in node.input if not i.startswith("^")]
+    return {k: resolve(data[j]) if len(data) > j else None for j, k in enumerate(_KEY_NAMES, 1)}
+
+
+def collective_key(node, params: dict) -> tuple:
+    """What the members of one collective share: an NCCL op's type and
+    ``shared_name``, else its type, group and instance keys (``params``, from
+    :func:`collective_params`); None in it where not known before the step runs."""
+    if node.op.startswith("Nccl"):
+        return (node.op, node.attr["shared_name"].s.decode() or None)
+    return (node.op, params["group_key"], params["instance_key"])
+
+
+def collective_params(graph_def, captures) -> dict[str, dict]:
+    """Collective op -> its ``group_size``, ``group_key`` and ``instance_key``:
+    attributes of the V1 ops, inputs 1-3 of the V2 ones where those are
+    constants or captured values; None where not known before the step runs."""
+    resolve = _step_values(graph_def, captures)
+    return {node.name: _params_of(node, resolve) for node in graph_def.node
+            if node.op in COLLECTIVE_OPS}
 
 
 def collective_calls(graph_def, captures=()) -> dict[str, tuple | None]:
@@ -362,17 +393,15 @@ def collective_calls(graph_def, captures=()) -> dict[str, tuple | None]:
     collectives (``MirroredStrategy`` all-gathers an embedding's sparse
     gradient inside a ``tf.cond`` on whether every replica has as many rows);
     the calling op then meets the other replicas' like a collective does.  The
-    keys: the sorted (op type, group key, instance key) of every collective in
-    the op's functions, nested calls included, each key a constant there or
-    passed in from one (a constant or captured value of the step); None where
-    one is known only when the step runs.  Ops whose functions run no
-    collective are left out::
+    keys: the sorted :func:`collective_key` of every collective in the op's
+    functions, nested calls included, each key a constant there or passed in
+    from one (a constant or captured value of the step); None where one is
+    known only when the step runs.  Ops whose functions run no collective are
+    left out::
 
         collective_calls(graph_def)   # {'adam/cond': (('CollectiveGatherV2', 1, 108), ...)}
     """
     library = {f.signature.name: f for f in graph_def.library.function}
-    values = {c.name.partition(":")[0]: c.value for c in captures
-              if c.variable is None and c.value.dtype != tf.resource}
 
     def called(node) -> list[str]:
         names = [node.op] if node.op in library else []
@@ -381,16 +410,6 @@ def collective_calls(graph_def, captures=()) -> dict[str, tuple | None]:
                 names.append(value.func.name)
             names += [f.name for f in value.list.func]
         return [n for n in names if n in library]
-
-    def scalar(value):
-        value = np.asarray(value)
-        return int(value) if value.size == 1 and value.dtype.kind in "iu" else None
-
-    def const(node):
-        if node is None or node.op != "Const" or \
-                any(d.size > 1 for d in node.attr["value"].tensor.tensor_shape.dim):
-            return None
-        return scalar(tf.make_ndarray(node.attr["value"].tensor))
 
     def passed(node, resolve) -> tuple:
         """What the call passes each of its function's arguments (the data inputs
@@ -412,19 +431,12 @@ def collective_calls(graph_def, captures=()) -> dict[str, tuple | None]:
 
         def resolve(raw: str):
             name = raw.partition(":")[0]
-            return bound.get(name) if ":" not in raw and name in bound else const(body.get(name))
+            return bound.get(name) if ":" not in raw and name in bound else _const(body.get(name))
 
         found, unknown = set(), False
         for node in body.values():
             if node.op in COLLECTIVE_OPS:
-                if "instance_key" in node.attr:
-                    key = (node.op, node.attr["group_key"].i, node.attr["instance_key"].i)
-                elif node.op.startswith("Nccl"):
-                    key = (node.op, node.attr["shared_name"].s.decode() or None, 0)
-                else:
-                    data = [i for i in node.input if not i.startswith("^")]
-                    key = (node.op,) + tuple(resolve(data[j]) if len(data) > j else None
-                                             for j in (2, 3))
+                key = collective_key(node, _params_of(node, resolve))
                 unknown |= None in key
                 found.add(key)
             for inner in called(node):
@@ -434,15 +446,7 @@ def collective_calls(graph_def, captures=()) -> dict[str, tuple | None]:
         memo[fname, args] = None if unknown else tuple(sorted(found))
         return memo[fname, args]
 
-    nodes = {n.name: n for n in graph_def.node}
-
-    def resolve_here(raw: str):
-        name = raw.partition(":")[0]
-        known = const(nodes.get(name))
-        if known is None and name in values and values[name].shape.num_elements() == 1:
-            return scalar(values[name].numpy())
-        return known
-
+    resolve_here = _step_values(graph_def, captures)
     calls = {}
     for node in graph_def.node:
         names = called(node)

@@ -54,8 +54,8 @@ from tfswap.core import liveness
 from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.profile import Profile
 from tfswap.tf import grappler
-from tfswap.tf.capture import (CapturedFunction, collective_calls, collective_params,
-                                same_device)
+from tfswap.tf.capture import (CapturedFunction, collective_calls, collective_key,
+                                collective_params, same_device)
 from tfswap.tf.recomputable import merged, refusal
 from tfswap.tf.shapes import import_with_shapes
 
@@ -466,11 +466,7 @@ def collective_keys(captured: CapturedFunction) -> dict[str, tuple]:
     nodes = {n.name: n for n in captured.graph_def.node}
     found = {}
     for name, params in collective_params(captured.graph_def, captured.captures).items():
-        node = nodes[name]
-        if node.op.startswith("Nccl") and node.attr["shared_name"].s:
-            found[name] = (node.op, node.attr["shared_name"].s)
-            continue
-        key = (node.op, params["group_key"], params["instance_key"])
+        key = collective_key(nodes[name], params)
         found[name] = (name,) if None in key else key
     for name, inner in collective_calls(captured.graph_def, captured.captures).items():
         found[name] = (name,) if inner is None else ("call",) + inner

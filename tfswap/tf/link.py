@@ -26,7 +26,7 @@ executor, and the latency includes that hand-back: on an H200 (2026-11-26) a
 chained copy of 256 KiB to 1 MiB took 94-112 us, and a spec with that
 latency (120 us, fitted on chains) predicted a 4-layer LSTM's plan of 464
 round trips at 113.6 ms, measured 40.4 ms; the same plans simulated at 13 us
-came within -10% to +23% of every measured row.  ``DeviceSpec.copy_latency_s``
+came within -22% to +23% of every measured row.  ``DeviceSpec.copy_latency_s``
 is what a copy holds its stream for, so :func:`tfswap.tf.gpu.measured_spec`
 fits unchained copies.
 
@@ -89,10 +89,10 @@ def chain(direction: str, copies: int, device: str, host: str, nbytes: int,
     if not isinstance(chained, bool):
         raise ValueError(f"chained must be True or False, got {chained!r}")
     ops.load()
+    del host   # the swap ops run on the device; their host side is their HostMemory
 
     def after(previous):
         return [previous] if chained and previous is not None else []
-    del host   # the swap ops run on the device; their host side is their HostMemory
 
     def d2h_chain(x):
         made, last = [], None
