@@ -359,14 +359,22 @@ def _unverified_reason(prepared: pipeline.Prepared) -> str:
 
 
 def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
-              host: str | None = None, device_spec: str | DeviceSpec | None = None
-              ) -> OptimizedFunction:
+              host: str | None = None, device_spec: str | DeviceSpec | None = None,
+              unmovable=()) -> OptimizedFunction:
     """Apply a plan saved with ``plan.save(path)`` to ``concrete_fn`` without searching.
 
     Variables the plan ran with in host memory (``plan.host_variables``) that
-    are on the device are moved there again (:mod:`tfswap.tf.homes`).
-    Raises :class:`PlanMismatchError` if the plan was made for another graph
-    (a different model, batch shape or TensorFlow version).
+    are on the device are moved there again (:mod:`tfswap.tf.homes`), unless
+    one of them is in ``unmovable`` (variables other planned steps run with on
+    the device).  Raises :class:`PlanMismatchError`, naming why, if the plan
+    does not apply as it is: made for another graph (a different model, batch
+    shape or TensorFlow version), with a variable on the device that is in host
+    memory now (moved by another plan), or needing to move an ``unmovable`` one.
+
+    Example::
+
+        fast = tfswap.load_plan("step.plan.json", cf)
+        fast(x, y)                     # same results as cf(x, y)
     """
     from tfswap.tf import capture as capture_mod
     from tfswap.tf import homes, host_side, ir, rewrite, runtime, update_places
@@ -382,6 +390,7 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
             f"{path} is one plan, and this step is replicated over "
             f"{', '.join(captured.replicas)}: a replicated step's plans (one per replica) are "
             "not saved to files yet; plan it with tfswap.optimize")
+    _check_assumptions(plan, path, captured, unmovable)
     relocation = None
     to_move = [c for c in captured.captures if c.variable is not None and not c.host_homed
                and c.name in set(plan.host_variables)]
@@ -416,6 +425,36 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
                              bound=bound, spec=spec,
                              budget_bytes=plan.budget_bytes or spec.memory_bytes, device=device,
                              host=host, notes=notes, relocation=relocation)
+
+
+def _check_assumptions(plan: Plan, path, captured, unmovable) -> None:
+    """Raise :class:`PlanMismatchError` where ``plan`` assumes what no longer holds:
+    the TensorFlow it was made with, or where a variable lives."""
+    import tensorflow as tf
+
+    if plan.tensorflow_version and plan.tensorflow_version != tf.__version__:
+        raise PlanMismatchError(
+            f"the plan in {path} was made with TensorFlow {plan.tensorflow_version}, and this "
+            f"is {tf.__version__}, which may optimise the step differently. Re-plan with "
+            "tfswap.optimize and save again.")
+    on_host = set(plan.host_variables)
+    moved = [c.variable.name for c in captured.captures
+             if c.variable is not None and c.host_homed and c.name not in on_host]
+    if moved:
+        raise PlanMismatchError(
+            f"the plan in {path} was made with {moved[0]} on the device, and it lives in host "
+            f"memory now ({len(moved)} such variable(s): moved by another plan, or created "
+            "there). Re-plan with tfswap.optimize, or put the variables back first "
+            "(restore_parameters() on the OptimizedFunction that moved them).")
+    pinned = {id(v) for v in unmovable}
+    held = [c.variable.name for c in captured.captures
+            if c.variable is not None and not c.host_homed and c.name in on_host
+            and id(c.variable) in pinned]
+    if held:
+        raise PlanMismatchError(
+            f"the plan in {path} moves {held[0]} to host memory ({len(held)} such "
+            "variable(s)), and other planned steps run with it on the device. Re-plan with "
+            "tfswap.optimize, which plans with the variables where they are.")
 
 
 __all__ = ["NoDeviceError", "OptimizedFunction", "PlanMismatchError", "load_plan", "optimize"]

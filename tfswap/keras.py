@@ -34,6 +34,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import warnings
@@ -470,17 +471,19 @@ class SwapCallback(keras.callbacks.Callback):
         # A replicated step's plans (one per replica) are not saved to files yet.
         path = None if replicated else self._file(kind, key)
         fast = self._load(path, cf) if path is not None and path.exists() else None
-        if fast is None:
+        planned = fast is None
+        if planned:
             fast = tfswap.optimize(cf, self.memory_budget, inputs=inputs,
                                    background=self.background, **self._options)
-            if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                if self.background:   # the search's best plan, once it has ended
-                    fast.add_done_callback(lambda final: final.plan.save(path))
-                else:
-                    fast.plan.save(path)
         if fast.relocation is not None:
             self._after_move()
+        self.functions[key] = fast
+        if planned and path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if self.background:   # the search's best plan, once it has ended
+                fast.add_done_callback(functools.partial(self._save_if_current, key, fast, path))
+            else:
+                fast.plan.save(path)
         what = f"{kind} step for batches shaped {_shapes(key[1])}"
         if self.verbose >= 1:
             print(f"tfswap: {what}" + (f" (plan file {path})" if path is not None else ""))
@@ -523,13 +526,26 @@ class SwapCallback(keras.callbacks.Callback):
                 fast.stop()   # its plans were for the variables on the device
         self.functions = {key: fast for key, fast in self.functions.items() if fast is None}
 
+    def _save_if_current(self, key, fast, path: Path, final) -> None:
+        """Save ``final``, the plan ``fast``'s background search ended on, unless
+        ``fast`` was dropped meanwhile (its variables moved: the plan assumes
+        homes they no longer have, and loading it would move them back and forth)."""
+        if self.functions.get(key) is fast:
+            final.plan.save(path)
+
     def _load(self, path: Path, cf):
         options = {k: self._options[k] for k in ("device", "host", "device_spec")}
+        # The variables the steps planned so far run with on the device: a plan
+        # file that would move one is not loaded (its step is planned again where
+        # the variables are), so the plans in use agree on where each lives.
+        on_device = [c.variable for fast in self.functions.values() if fast is not None
+                     for c in fast.captured.captures
+                     if c.variable is not None and not c.host_homed]
         try:
-            fast = tfswap.load_plan(path, cf, **options)
-        except tfswap.PlanMismatchError:
+            fast = tfswap.load_plan(path, cf, unmovable=on_device, **options)
+        except tfswap.PlanMismatchError as err:
             if self.verbose >= 1:
-                print(f"tfswap: {path} was made for another graph; planning again")
+                print(f"tfswap: {err}; planning again")
             return None
         wanted = parse_budget(self.memory_budget, fast.spec.memory_bytes)
         if fast.plan.budget_bytes != wanted:

@@ -241,6 +241,10 @@ class Prepared:
     # Asked between the search's generations: True ends it with the best so far
     # (a search in the background, :mod:`tfswap.anytime`, that is stopped).
     stop_when: Callable[[], bool] | None = None
+    # (captured, profile) before host_work placed the gathers and updates of host
+    # variables: place_parameters moves more variables in this, the user's graph,
+    # since host_work on a graph it already rewrote would rewrite its own nodes.
+    unplaced: tuple | None = None
 
     @property
     def measured_over(self) -> bool:
@@ -350,7 +354,7 @@ def prepare(concrete_fn, options: Options) -> Prepared:
     feed = list(options.inputs) if options.inputs is not None else \
         sample_inputs(captured, options.seed)
     prof = _profile(captured, options.profile, spec, feed, device)
-    places = ()
+    places, unplaced = (), (captured, prof)
     if captured.host_homed:   # the gathers and updates of variables the user put there
         small = options.small_tensor_bytes if options.small_tensor_bytes is not None else \
             small_threshold(prof.peak_bytes or 0)
@@ -374,7 +378,7 @@ def prepare(concrete_fn, options: Options) -> Prepared:
     return Prepared(options, captured, prof, step, spec, budget, device, host, feed, deadline,
                     notes + (_profile_note(prof, time.monotonic() - started),),
                     update_places=places, replicas=replicas,
-                    rendezvous=ir.rendezvous(captured) if replicas else (),
+                    rendezvous=ir.rendezvous(captured) if replicas else (), unplaced=unplaced,
                     unshared_spec=unshared if replicas else None)
 
 
@@ -416,11 +420,14 @@ def place_parameters(prepared: Prepared) -> Prepared:
     from tfswap.tf import homes
 
     relocation = homes.move_to_host([c.variable for c in picked], prepared.host)
+    unplaced, unplaced_profile = prepared.unplaced or (prepared.captured, prepared.profile)
     try:
-        captured, made = homes.updates_on_device(homes.rehomed(prepared.captured, relocation),
-                                                 prepared.device)
-        prof = with_moved_costs(prepared.profile, made)
-        captured, prof, places = host_work(captured, prof, prepared.spec, prepared.device,
+        # Variables already in host memory (the user's, or moved by another plan) had
+        # their updates made on the device before profiling: ``made`` holds the new ones.
+        moved, made = homes.updates_on_device(homes.rehomed(unplaced, relocation),
+                                              prepared.device)
+        moved_profile = with_moved_costs(unplaced_profile, made)
+        captured, prof, places = host_work(moved, moved_profile, prepared.spec, prepared.device,
                                            prepared.budget_bytes, prepared.options,
                                            prepared.step.small)
         step = lower(captured, prof, prepared.spec, prepared.step.small,
@@ -430,6 +437,7 @@ def place_parameters(prepared: Prepared) -> Prepared:
         raise
     return dataclasses.replace(prepared, captured=captured, profile=prof, step=step,
                                relocation=relocation, update_places=places,
+                               unplaced=(moved, moved_profile),
                                notes=prepared.notes + (relocation.describe(),))
 
 
@@ -916,11 +924,14 @@ def finish(found: Plan, captured, lowered, budget_bytes: int, outside_bytes: int
     user's budget, the graph's fingerprint, the variables in host memory and
     where their updates run, and a peak that counts the device bytes the
     planner does not see."""
+    import tensorflow as tf
+
     from tfswap.tf import capture as capture_mod
     from tfswap.tf.tensor_swaps import tensor_swaps
 
     found = tensor_swaps(found, lowered.graph)
     return dataclasses.replace(found, budget_bytes=budget_bytes,
+                               tensorflow_version=tf.__version__,
                                graph_fingerprint=capture_mod.fingerprint(captured),
                                prediction=_with_outside(found.prediction, outside_bytes),
                                host_variables=captured.host_homed,

@@ -207,3 +207,26 @@ def test_work_on_the_host_is_priced_at_the_hosts_speed_and_its_reads_leave_the_d
             max(ops[name].time_s, nbytes / h100.host_memory_bandwidth_bytes_per_s))
     assert pipeline.price_host_work(lowered.graph, lowered.host_ops, cpu_emulated()) \
         is lowered.graph
+
+
+def test_a_step_whose_table_another_plan_moved_moves_the_rest_on_the_users_graph():
+    # Issue #44: a Keras validation plan had moved the table; the training step's
+    # re-plan then moved the rest and rewrote its own host gather again
+    # ("Node '.../GatherV2/tfswap_axis' is not unique").
+    reference, step = zoo.embedding(vocab=2000), zoo.embedding(vocab=2000)
+    table = next(v for v in step.model.weights if TABLE in v.path)
+    earlier = homes.move_to_host([table.value], emulate.HOST)   # what the other plan did
+    try:
+        fast = tfswap.optimize(step.concrete_fn, 1 << 30, parameters="host", generations=1,
+                               workers=1, inputs=step.batch)
+        assert fast.relocation is not None and all(
+            m.variable is not table.value for m in fast.relocation.moved)
+        gathers = [n.name for n in fast.captured.graph_def.node if n.op == "GatherV2"]
+        assert gathers and all(
+            sum(n.name == f"{g}/tfswap_axis" for n in fast.captured.graph_def.node) == 1
+            for g in gathers)
+        assert "gather(s) of their rows run on the host" in fast.report()
+        assert_trains_like_the_unmodified_step(reference, step, fast)
+        fast.restore_parameters()
+    finally:
+        earlier.undo()

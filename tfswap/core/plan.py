@@ -40,6 +40,9 @@ Version 6 adds ``update_places``: where the update of each group of
 host-homed variables runs (:class:`UpdatePlace`), so that a saved plan runs
 its updates where it was planned to; older files have none (every update
 computed on the device).
+Version 8 adds ``tensorflow_version``: the version of the framework the step
+was captured with, so that a plan is not applied under another (which may
+optimise the step differently); older files have none (not checked).
 """
 
 from __future__ import annotations
@@ -49,8 +52,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PLAN_FORMAT_VERSION = 7
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+PLAN_FORMAT_VERSION = 8
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 # Pool objects start at multiples of this (tfswap/ops/pool_core.h kObjectAlignment).
 OBJECT_ALIGNMENT = 256
 SWAP_KINDS = ("round_trip", "prefetch", "writeback", "drop", "recompute")
@@ -276,6 +279,7 @@ class Plan:
     resident_parameters: tuple[str, ...] = ()
     host_variables: tuple[str, ...] = ()   # captured variables in host memory between steps
     update_places: tuple[UpdatePlace, ...] = ()   # groups of them not updated on the device
+    tensorflow_version: str = ""   # the framework the step was captured with ("": unknown)
 
     def __post_init__(self):
         object.__setattr__(self, "schedule", tuple(self.schedule))
