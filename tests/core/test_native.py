@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from tfswap.core import native
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.planner import InfeasibleAllocation, build_program, default_allocation
+from tfswap.core.program import buffer_classes
 from tfswap.core.simulator import run_program
 from research.synthetic import layered_training_step, random_dag
 from tests.core.plan_checks import SPEC, budgets
@@ -147,3 +148,79 @@ def test_a_compiled_graph_evaluated_here_evaluates_the_same_after_a_pickle_elsew
                          text=True, cwd=root, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.strip()) == here.step_time_s
+
+
+def _reference(cg, prog, alloc, spec):
+    """The reference simulator's answer for ``prog``: its result, or its error's type."""
+    from tfswap.core import simulator
+
+    buf_class = buffer_classes(cg, alloc).tolist()
+    try:
+        return simulator._simulate(cg, prog, buf_class, alloc, spec, False)
+    except simulator.PlanError as err:
+        return type(err)
+
+
+def program_agrees(cg, prog, alloc, spec):
+    ref = _reference(cg, prog, alloc, spec)
+    got = native.simulate_program(cg, prog, alloc, spec, buffer_classes(cg, alloc))
+    if isinstance(ref, type):
+        assert got.status != 0, ref
+        return False
+    assert got.status == 0
+    assert got.step_time_s == ref["step_time_s"]   # same operations: bit-identical
+    assert got.stall_s == ref["stall_s"]
+    assert (got.peak_bytes, got.h2d_bytes, got.d2h_bytes) == (
+        ref["peak_bytes"], ref["h2d_bytes"], ref["d2h_bytes"])
+    assert got.class_peak_objects == ref["class_peak_objects"]
+    return True
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), fraction=st.floats(0.3, 0.95), share=st.sampled_from(
+    [0.1, 0.5]), latency=st.sampled_from([0.0, 2e-5]), serial=st.booleans())
+def test_the_compiled_program_simulation_matches_the_reference_with_recomputations(
+        seed, fraction, share, latency, serial):
+    # The byte-cap planner's hybrid programs (drops, chains of ops made again,
+    # swap-ins waiting for several swap-outs), then the same with records
+    # removed or moved, which the two must reject alike.
+    from tfswap.core import byte_planner
+    from tfswap.core.problem import Problem
+    from tfswap.core.program import from_plan
+
+    spec = replace(SPEC, h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9, duplex_bytes_per_s=1.5e9,
+                   copy_latency_s=latency, copies_on_compute=serial)
+    rng = np.random.default_rng(seed)
+    graph = layered_training_step(int(rng.integers(30, 160)), seed=seed % 1000)
+    problem = Problem.of(graph, recomputable=[op.name for op in graph.ops])
+    cg = problem.compiled
+    peak = byte_planner.plan(graph, 1 << 62, spec, compiled=cg).prediction.peak_bytes
+    try:
+        plans = byte_planner.variants(graph, int(fraction * peak), spec, compiled=cg,
+                                      memory="live", recomputable=problem.recomputable)
+    except InfeasibleAllocation:
+        return
+    for plan in plans:
+        prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
+        assert program_agrees(cg, prog, plan.allocation, spec)
+        for _ in range(3):
+            broken = _perturbed(prog, rng)
+            program_agrees(cg, broken, plan.allocation, spec)
+
+
+def _perturbed(prog, rng):
+    """``prog`` with one record dropped or one swap-in's reader moved earlier."""
+    pick = int(rng.integers(3))
+    if pick == 0 and prog.ins:
+        i = int(rng.integers(len(prog.ins)))
+        return replace(prog, ins=prog.ins[:i] + prog.ins[i + 1:])
+    if pick == 1 and prog.recomputes:
+        i = int(rng.integers(len(prog.recomputes)))
+        return replace(prog, recomputes=prog.recomputes[:i] + prog.recomputes[i + 1:])
+    if prog.ins:
+        i = int(rng.integers(len(prog.ins)))
+        r = prog.ins[i]
+        moved = replace(r, need=max(0, r.need - int(rng.integers(1, 4))))
+        ins = sorted(prog.ins[:i] + (moved,) + prog.ins[i + 1:], key=lambda x: (x.need, x.buf))
+        return replace(prog, ins=tuple(ins))
+    return prog

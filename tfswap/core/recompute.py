@@ -42,7 +42,7 @@ from tfswap.core.plan import Plan, Prediction
 from tfswap.core.problem import Problem
 from tfswap.core.program import (OutRec, RecomputeRec, buffer_classes, canonical, from_plan,
                                  inputs_back, to_plan_swaps)
-from tfswap.core.simulator import PlanError, run_program
+from tfswap.core.simulator import run_program, try_program
 
 # Round trips tried per plan and order: each try is one simulation (Python),
 # and the estimate ranks well enough that later ones rarely pay.
@@ -208,9 +208,8 @@ def _greedy(cg, prog, allocation, spec, order, base):
     chosen, best = {}, base
     for _, i, ops in order:
         trial = _recomputed(cg, prog, {**chosen, i: ops})
-        try:
-            result = run_program(cg, trial, allocation, spec)
-        except PlanError:   # an input away at that point, or no free object then
+        result = try_program(cg, trial, allocation, spec)
+        if result is None:   # an input away at that point, or no free object then
             continue
         if result.step_time_s < best.step_time_s:
             chosen[i] = ops

@@ -26,7 +26,7 @@ from tfswap.core.native.build import NativeLibrary
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.plan import Allocation
-from tfswap.core.program import InRec, OutRec, Program, buffer_classes
+from tfswap.core.program import InRec, OutRec, Program, buffer_classes, recompute_ops
 
 def _configure(lib: ctypes.CDLL) -> None:
     p = ctypes.c_void_p
@@ -35,6 +35,14 @@ def _configure(lib: ctypes.CDLL) -> None:
         [ctypes.c_int, p, ctypes.c_int] + [p] * 10 + [p, p, ctypes.c_int, p, p, ctypes.c_int64]
         + [ctypes.c_double] * 4 + [ctypes.c_int, ctypes.c_double, ctypes.c_int]
         + [p, p, p, ctypes.c_int64, p, p, p, p])
+
+
+    lib.tfswap_simulate_program.restype = ctypes.c_int
+    lib.tfswap_simulate_program.argtypes = (
+        [ctypes.c_int, p, ctypes.c_int] + [p] * 10 + [p, p, ctypes.c_int, p, p, ctypes.c_int64]
+        + [ctypes.c_double] * 4 + [ctypes.c_int]
+        + [ctypes.c_int, p, ctypes.c_int, p, ctypes.c_int, p, p, p, ctypes.c_int, p,
+           ctypes.c_int, p, p, p] + [p, p, p])
 
 
 _LIBRARY = NativeLibrary(Path(__file__).resolve().parent / "planner_sim.cc",
@@ -90,6 +98,63 @@ def _cached_graph_args(cg: CompiledGraph):
         cached = (arrays, args)  # the arrays keep the pointers valid
         object.__setattr__(cg, "_native_args", cached)
     return cached[1]
+
+
+@dataclass(frozen=True)
+class ProgramRun:
+    """:func:`simulate_program`'s result: ``status`` 0, or the reference's error kind
+    (2: a pool object missing, 3: a deadlock, 4: a copy or read of a buffer that is
+    not where the program says); the measures are valid where it is 0."""
+    status: int
+    step_time_s: float = 0.0
+    stall_s: float = 0.0
+    peak_bytes: int = 0
+    h2d_bytes: int = 0
+    d2h_bytes: int = 0
+    class_peak_objects: tuple[int, ...] = ()
+
+
+def _i32(values, width: int = 1) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(values, dtype=np.int32).reshape(-1, width)
+                                if len(values) else np.zeros((0, width), np.int32))
+
+
+def simulate_program(cg: CompiledGraph, prog: Program, allocation: Allocation,
+                     spec: DeviceSpec, buf_class: np.ndarray) -> ProgramRun:
+    """Simulate ``prog`` as :func:`tfswap.core.simulator.run_program` does with its
+    defaults (one device, copies in plan order, no events), recomputations
+    included; ``buf_class``: the buffers' size classes under ``allocation``."""
+    lib = library()
+    order = np.ascontiguousarray(prog.order, dtype=np.int32)
+    buf_class = np.ascontiguousarray(buf_class, dtype=np.int32)
+    counts = np.asarray(allocation.class_count, dtype=np.int64)
+    sizes = np.asarray(allocation.class_bytes, dtype=np.int64)
+    resident = _i32(prog.resident)
+    outs = _i32([(o.buf, o.out_after, int(o.copy)) for o in prog.outs], 3)
+    ins = _i32([(r.buf, r.trigger, r.own_out, r.need) for r in prog.ins], 4)
+    wait_ptr = np.ascontiguousarray(np.concatenate(
+        [[0], np.cumsum([len(r.waits) for r in prog.ins], dtype=np.int64)]).astype(np.int32))
+    waits = _i32([j for r in prog.ins for j in r.waits])
+    op_waits = _i32(prog.op_waits, 2)
+    chains = [recompute_ops(cg, r) for r in prog.recomputes]
+    recs = _i32([(r.buf, r.need) for r in prog.recomputes], 2)
+    rec_ptr = np.ascontiguousarray(np.concatenate(
+        [[0], np.cumsum([len(c) for c in chains], dtype=np.int64)]).astype(np.int32))
+    rec_ops = _i32([op for c in chains for op in c])
+    metrics = np.zeros(2, dtype=np.float64)
+    ints = np.zeros(3, dtype=np.int64)
+    class_peak = np.zeros(max(1, len(counts)), dtype=np.int64)
+    status = lib.tfswap_simulate_program(
+        *_graph_args(cg), _ptr(order), _ptr(buf_class), len(counts), _ptr(counts), _ptr(sizes),
+        allocation.small_pool_bytes, spec.h2d_bytes_per_s, spec.d2h_bytes_per_s,
+        spec.duplex_bytes_per_s, float(spec.copy_latency_s), int(spec.copies_on_compute),
+        len(resident), _ptr(resident), len(outs), _ptr(outs), len(ins), _ptr(ins),
+        _ptr(wait_ptr), _ptr(waits), len(op_waits), _ptr(op_waits), len(recs), _ptr(recs),
+        _ptr(rec_ptr), _ptr(rec_ops), _ptr(metrics), _ptr(ints), _ptr(class_peak))
+    if status:
+        return ProgramRun(int(status))
+    return ProgramRun(0, float(metrics[0]), float(metrics[1]), int(ints[0]), int(ints[1]),
+                      int(ints[2]), tuple(int(x) for x in class_peak[:len(counts)]))
 
 
 def evaluate(cg: CompiledGraph, order: np.ndarray, allocation: Allocation, spec: DeviceSpec, *,

@@ -298,6 +298,11 @@ struct Program {
   std::vector<OutRec> outs;
   std::vector<InRec> ins;
   std::vector<std::pair<int, int>> op_waits;
+  // A program given whole (tfswap_simulate_program) rather than planned here:
+  // each swap-in's waits in CSR form (empty: InRec::wait alone), and the
+  // recomputations, sorted by (need, buf), each running rec_ops[rec_ptr[i]..].
+  std::vector<int> in_wait_ptr, in_waits;
+  std::vector<int> rec_buf, rec_need, rec_ptr, rec_ops;
 };
 
 // canonical(): stream order and renumbering, as in program.py.
@@ -381,6 +386,11 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
     for (size_t j = 0; j < p.outs.size(); ++j)
       if (!p.outs[j].copy) drops[f[p.outs[j].after]++] = (int)j; else d2h_list.push_back((int)j);
   }
+  std::vector<int> rec_at(n + 1, 0), made;
+  for (int b : p.rec_need) rec_at[b + 1]++;
+  for (int k = 0; k < n; ++k) rec_at[k + 1] += rec_at[k];
+  std::vector<std::vector<int>> temps(p.rec_need.empty() ? 0 : n);
+  double recompute_s = 0.0;
   std::vector<char> op_done(n, 0), in_done(p.ins.size(), 0), out_fin(p.outs.size(), 0);
   auto out_done = [&](int j) { return p.outs[j].copy ? out_fin[j] != 0 : op_done[p.outs[j].after] != 0; };
   double t = 0.0;
@@ -404,17 +414,51 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
           for (int i = wait_ptr[kc]; ok && i < wait_ptr[kc + 1]; ++i) ok = out_done(p.op_waits[i].second);
           if (ok) {
             int o = order[kc];
+            // Recomputations before this op: each chain's ops run again, the
+            // buffers they make for the chain alone held until this op ends.
+            double extra = 0.0;
+            for (int ri = rec_at[kc]; ri < rec_at[kc + 1]; ++ri) {
+              int rb = p.rec_buf[ri];
+              if (where[rb] != 0) { r.status = 4; return r; }
+              made.clear();
+              made.push_back(rb);
+              auto is_made = [&](int b) {
+                return std::find(made.begin(), made.end(), b) != made.end();
+              };
+              for (int q = p.rec_ptr[ri]; q < p.rec_ptr[ri + 1]; ++q) {
+                int op = p.rec_ops[q];
+                for (int i = g.in_ptr[op]; i < g.in_ptr[op + 1]; ++i)
+                  if (!is_made(g.in[i]) && where[g.in[i]] != 2) { r.status = 4; return r; }
+                for (int i = g.out_ptr[op]; i < g.out_ptr[op + 1]; ++i) {
+                  int b = g.out[i];
+                  if (is_made(b)) continue;
+                  if (where[b] != 0) { r.status = 4; return r; }
+                  take(b);
+                  where[b] = 2;
+                  made.push_back(b);
+                  temps[kc].push_back(b);
+                }
+              }
+              take(rb);
+              where[rb] = 2;
+              for (int q = p.rec_ptr[ri]; q < p.rec_ptr[ri + 1]; ++q) extra += g.op_time[p.rec_ops[q]];
+            }
+            recompute_s += extra;
             for (int i = g.in_ptr[o]; i < g.in_ptr[o + 1]; ++i)
               if (where[g.in[i]] != 2) { r.status = 4; return r; }
             for (int i = g.out_ptr[o]; i < g.out_ptr[o + 1]; ++i) { take(g.out[i]); where[g.out[i]] = 2; }
             c_run = true;
-            c_end = t + g.op_time[o];
+            c_end = t + extra + g.op_time[o];
             started = true;
           }
         } else if (which == 1 && !h_run && hi < n_in) {
           const InRec& x = p.ins[hi];
-          if ((x.trigger < 0 || op_done[x.trigger]) && (x.wait < 0 || out_done(x.wait)) &&
-              (x.own < 0 || out_done(x.own))) {
+          bool waited = true;
+          if (p.in_wait_ptr.empty()) waited = x.wait < 0 || out_done(x.wait);
+          else
+            for (int i = p.in_wait_ptr[hi]; waited && i < p.in_wait_ptr[hi + 1]; ++i)
+              waited = out_done(p.in_waits[i]);
+          if ((x.trigger < 0 || op_done[x.trigger]) && waited && (x.own < 0 || out_done(x.own))) {
             if (where[x.buf] != 0) { r.status = 4; return r; }
             take(x.buf);
             h_run = true;
@@ -455,6 +499,7 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
         }
       }
       for (int i = drop_ptr[kc]; i < drop_ptr[kc + 1]; ++i) give(p.outs[drops[i]].buf);
+      if (!temps.empty()) for (int b : temps[kc]) give(b);
       c_run = false;
       kc++;
     }
@@ -474,6 +519,7 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
   if (over) { r.status = 2; return r; }
   double total = 0.0;
   for (int k = 0; k < n; ++k) total += g.op_time[order[k]];
+  total += recompute_s;  // recomputation is work, not waiting
   r.step = t;
   r.stall = std::max(0.0, last_op_end - total);
   r.peak = peak + small_pool;
@@ -569,6 +615,56 @@ int tfswap_plan_simulate(
     }
     for (size_t i = 0; i < p.resident.size(); ++i) d_resident[i] = p.resident[i];
   }
+  return 0;
+}
+
+// Simulate a given program (the reference's run_program: one device, copies in
+// plan order, no events).  Records as in program.py, flattened: outs (buf,
+// after, copy) x n_outs; ins (buf, trigger, own, need) x n_ins with their waits
+// in CSR (in_wait_ptr: n_ins + 1); op_waits (position, out) x n_waits;
+// recomputes (buf, need) x n_recs, sorted by (need, buf), their ops in CSR.
+// Returns 0, or 2/3/4 as SimOut::status.  metrics: [step_time_s, stall_s];
+// counts_out: [peak_bytes, h2d_bytes, d2h_bytes].
+int tfswap_simulate_program(
+    int n_ops, const double* op_time, int n_bufs, const int64_t* buf_bytes,
+    const int8_t* persistent, const int8_t* pinned, const int8_t* modified, const int8_t* kept,
+    const int32_t* in_ptr, const int32_t* in, const int8_t* in_write, const int32_t* out_ptr,
+    const int32_t* out, const int32_t* order, const int32_t* buf_class, int n_classes,
+    const int64_t* class_count, const int64_t* class_bytes, int64_t small_pool_bytes,
+    double h2d_bw, double d2h_bw, double duplex_bw, double copy_latency, int copies_on_compute,
+    int n_resident, const int32_t* resident, int n_outs, const int32_t* outs, int n_ins,
+    const int32_t* ins, const int32_t* in_wait_ptr, const int32_t* in_waits, int n_waits,
+    const int32_t* op_waits, int n_recs, const int32_t* recs, const int32_t* rec_ptr,
+    const int32_t* rec_ops, double* metrics, int64_t* counts_out, int64_t* class_peak) {
+  Graph g{n_ops, n_bufs, op_time, buf_bytes, persistent, pinned, modified, kept,
+          in_ptr, in, out_ptr, out, in_write};
+  Program p;
+  p.resident.assign(resident, resident + n_resident);
+  for (int j = 0; j < n_outs; ++j) p.outs.push_back({outs[3 * j], outs[3 * j + 1], outs[3 * j + 2] != 0});
+  for (int i = 0; i < n_ins; ++i)
+    p.ins.push_back({ins[4 * i], ins[4 * i + 1], -1, ins[4 * i + 2], ins[4 * i + 3]});
+  p.in_wait_ptr.assign(in_wait_ptr, in_wait_ptr + n_ins + 1);
+  p.in_waits.assign(in_waits, in_waits + in_wait_ptr[n_ins]);
+  for (int i = 0; i < n_waits; ++i) p.op_waits.push_back({op_waits[2 * i], op_waits[2 * i + 1]});
+  for (int i = 0; i < n_recs; ++i) { p.rec_buf.push_back(recs[2 * i]); p.rec_need.push_back(recs[2 * i + 1]); }
+  p.rec_ptr.assign(rec_ptr, rec_ptr + n_recs + 1);
+  p.rec_ops.assign(rec_ops, rec_ops + rec_ptr[n_recs]);
+  // The position of each buffer's last read or write (the reference's `last`).
+  std::vector<int> last(n_bufs, -1);
+  for (int k = 0; k < n_ops; ++k) {
+    int o = order[k];
+    for (int i = in_ptr[o]; i < in_ptr[o + 1]; ++i) last[in[i]] = k;
+    for (int i = out_ptr[o]; i < out_ptr[o + 1]; ++i) last[out[i]] = k;
+  }
+  SimOut s = simulate(g, order, buf_class, n_classes, class_count, class_bytes, small_pool_bytes,
+                      p, last, h2d_bw, d2h_bw, duplex_bw, copy_latency, copies_on_compute != 0,
+                      class_peak);
+  if (s.status) return s.status;
+  metrics[0] = s.step;
+  metrics[1] = s.stall;
+  counts_out[0] = s.peak;
+  counts_out[1] = s.h2d_bytes;
+  counts_out[2] = s.d2h_bytes;
   return 0;
 }
 
