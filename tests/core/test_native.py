@@ -156,7 +156,7 @@ def _reference(cg, prog, alloc, spec):
 
     buf_class = buffer_classes(cg, alloc).tolist()
     try:
-        return simulator._simulate(cg, prog, buf_class, alloc, spec, False)
+        return simulator._simulate(cg, prog, buf_class, alloc, spec, True)
     except simulator.PlanError as err:
         return type(err)
 
@@ -173,6 +173,12 @@ def program_agrees(cg, prog, alloc, spec):
     assert (got.peak_bytes, got.h2d_bytes, got.d2h_bytes) == (
         ref["peak_bytes"], ref["h2d_bytes"], ref["d2h_bytes"])
     assert got.class_peak_objects == ref["class_peak_objects"]
+    # The pool's allocation events, what a shared layout is made from: the same
+    # objects taken and given back in the same order at the same times.
+    from tfswap.core import simulator
+
+    assert simulator.try_program(cg, prog, alloc, spec, allocations=True).allocation_events \
+        == ref["allocation_events"]
     return True
 
 

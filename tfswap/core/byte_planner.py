@@ -86,7 +86,7 @@ from tfswap.core.planner import default_allocation, ideal_times
 from tfswap.core.program import (START, InRec, OutRec, Program, RecomputeRec, canonical,
                                  inputs_back, to_plan_swaps)
 from tfswap.core.recompute import ChainIndex, value_chain
-from tfswap.core.simulator import PlanError, SimResult, run_program
+from tfswap.core.simulator import PlanError, SimResult, run_program, try_program
 
 UNLIMITED = 1 << 62
 MEMORY_MODELS = ("live", "shared")
@@ -433,7 +433,9 @@ def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_by
 def _simulated(cg, order, prog, spec, shared: bool) -> tuple[SimResult, Allocation]:
     """The program's simulation and the pool it used (shared: laid out)."""
     pool = default_allocation(cg, order, UNLIMITED)
-    result = run_program(cg, prog, pool, spec, events=shared)
+    result = try_program(cg, prog, pool, spec, allocations=shared)
+    if result is None:   # the reference says why
+        result = run_program(cg, prog, pool, spec, events=shared)
     used = replace(pool, class_count=result.class_peak_objects)
     return result, (layout.shared_layout(result, pool) if shared else used)
 

@@ -149,17 +149,28 @@ def run_program(cg: CompiledGraph, prog: Program, allocation: Allocation, spec: 
 
 
 def try_program(cg: CompiledGraph, prog: Program, allocation: Allocation,
-                spec: DeviceSpec) -> SimResult | None:
+                spec: DeviceSpec, allocations: bool = False) -> SimResult | None:
     """:func:`run_program` with its defaults, or None where ``prog`` cannot run
     (where ``run_program`` raises :class:`PlanError`, not saying why): the
-    planners' trial loops, which try many programs and keep those that run."""
-    fast = native.simulate_program(cg, prog, allocation, spec, buffer_classes(cg, allocation))
+    planners' trial loops, which try many programs and keep those that run.
+    ``allocations``: the result carries its ``allocation_events`` (as with
+    ``events=True``, without the compute and copy events), what
+    :func:`tfswap.core.layout.shared_layout` lays a pool out from."""
+    fast = native.simulate_program(cg, prog, allocation, spec, buffer_classes(cg, allocation),
+                                   events=allocations)
     if fast.status:
         return None
+    made = ()
+    if allocations:
+        names, sizes = cg.buf_names, cg.buf_bytes
+        made = tuple(AllocationEvent(float(t), bool(take), names[b], int(sizes[b]), int(c),
+                                     int(j))
+                     for t, (take, b, c, j) in zip(fast.event_times.tolist(),
+                                                   fast.event_rows.tolist()))
     return SimResult(step_time_s=fast.step_time_s, ideal_time_s=ideal_time(cg, prog.order),
                      peak_bytes=fast.peak_bytes, h2d_bytes=fast.h2d_bytes,
                      d2h_bytes=fast.d2h_bytes, stall_s=fast.stall_s,
-                     class_peak_objects=fast.class_peak_objects)
+                     class_peak_objects=fast.class_peak_objects, allocation_events=made)
 
 
 def _check_order(copy_order: str, issue_cost_s: float, spec: DeviceSpec) -> None:

@@ -42,7 +42,7 @@ def _configure(lib: ctypes.CDLL) -> None:
         [ctypes.c_int, p, ctypes.c_int] + [p] * 10 + [p, p, ctypes.c_int, p, p, ctypes.c_int64]
         + [ctypes.c_double] * 4 + [ctypes.c_int]
         + [ctypes.c_int, p, ctypes.c_int, p, ctypes.c_int, p, p, p, ctypes.c_int, p,
-           ctypes.c_int, p, p, p] + [p, p, p])
+           ctypes.c_int, p, p, p] + [p, p, p, ctypes.c_int64, p, p])
 
 
 _LIBRARY = NativeLibrary(Path(__file__).resolve().parent / "planner_sim.cc",
@@ -112,6 +112,10 @@ class ProgramRun:
     h2d_bytes: int = 0
     d2h_bytes: int = 0
     class_peak_objects: tuple[int, ...] = ()
+    # With events: the pool's allocations in order, times and (take, buffer,
+    # class, object) rows.
+    event_times: np.ndarray | None = None
+    event_rows: np.ndarray | None = None
 
 
 def _i32(values, width: int = 1) -> np.ndarray:
@@ -120,10 +124,12 @@ def _i32(values, width: int = 1) -> np.ndarray:
 
 
 def simulate_program(cg: CompiledGraph, prog: Program, allocation: Allocation,
-                     spec: DeviceSpec, buf_class: np.ndarray) -> ProgramRun:
+                     spec: DeviceSpec, buf_class: np.ndarray,
+                     events: bool = False) -> ProgramRun:
     """Simulate ``prog`` as :func:`tfswap.core.simulator.run_program` does with its
-    defaults (one device, copies in plan order, no events), recomputations
-    included; ``buf_class``: the buffers' size classes under ``allocation``."""
+    defaults (one device, copies in plan order), recomputations included;
+    ``buf_class``: the buffers' size classes under ``allocation``; ``events``:
+    also return the pool's allocation events (what a shared layout is made from)."""
     lib = library()
     order = np.ascontiguousarray(prog.order, dtype=np.int32)
     buf_class = np.ascontiguousarray(buf_class, dtype=np.int32)
@@ -142,19 +148,31 @@ def simulate_program(cg: CompiledGraph, prog: Program, allocation: Allocation,
         [[0], np.cumsum([len(c) for c in chains], dtype=np.int64)]).astype(np.int32))
     rec_ops = _i32([op for c in chains for op in c])
     metrics = np.zeros(2, dtype=np.float64)
-    ints = np.zeros(3, dtype=np.int64)
+    ints = np.zeros(4, dtype=np.int64)
     class_peak = np.zeros(max(1, len(counts)), dtype=np.int64)
+    cap = 0
+    if events:   # each take is given back at most once
+        chain_outs = sum(int(cg.op_out_ptr[op + 1] - cg.op_out_ptr[op]) for c in chains for op in c)
+        cap = 2 * (len(resident) + len(cg.op_out) + len(ins) + len(recs) + chain_outs) + 2
+    event_t = np.zeros(max(cap, 1), dtype=np.float64)
+    event_rec = np.zeros((max(cap, 1), 4), dtype=np.int32)
     status = lib.tfswap_simulate_program(
         *_graph_args(cg), _ptr(order), _ptr(buf_class), len(counts), _ptr(counts), _ptr(sizes),
         allocation.small_pool_bytes, spec.h2d_bytes_per_s, spec.d2h_bytes_per_s,
         spec.duplex_bytes_per_s, float(spec.copy_latency_s), int(spec.copies_on_compute),
         len(resident), _ptr(resident), len(outs), _ptr(outs), len(ins), _ptr(ins),
         _ptr(wait_ptr), _ptr(waits), len(op_waits), _ptr(op_waits), len(recs), _ptr(recs),
-        _ptr(rec_ptr), _ptr(rec_ops), _ptr(metrics), _ptr(ints), _ptr(class_peak))
+        _ptr(rec_ptr), _ptr(rec_ops), _ptr(metrics), _ptr(ints), _ptr(class_peak),
+        cap, _ptr(event_t), _ptr(event_rec))
+    if status == 5:
+        raise RuntimeError(f"the compiled simulation made {int(ints[3])} allocation events, "
+                           f"more than the {cap} it was given room for (a tfswap bug)")
     if status:
         return ProgramRun(int(status))
+    n = int(ints[3])
     return ProgramRun(0, float(metrics[0]), float(metrics[1]), int(ints[0]), int(ints[1]),
-                      int(ints[2]), tuple(int(x) for x in class_peak[:len(counts)]))
+                      int(ints[2]), tuple(int(x) for x in class_peak[:len(counts)]),
+                      event_t[:n] if events else None, event_rec[:n] if events else None)
 
 
 def evaluate(cg: CompiledGraph, order: np.ndarray, allocation: Allocation, spec: DeviceSpec, *,

@@ -341,10 +341,14 @@ struct SimOut {
                    // in the wrong place (the reference's other PlanErrors)
 };
 
+// One pool object taken or given back, as the reference's AllocationEvent.
+struct AllocEvent { double t; int take, buf, cls, obj; };
+
 SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_classes,
                 const int64_t* counts, const int64_t* class_bytes, int64_t small_pool,
                 const Program& p, const std::vector<int>& last, double h2d_bw, double d2h_bw,
-                double duplex, double latency, bool serial, int64_t* class_peak) {
+                double duplex, double latency, bool serial, int64_t* class_peak,
+                std::vector<AllocEvent>* events = nullptr) {
   SimOut r;
   const int n = g.n_ops;
   const double INF = std::numeric_limits<double>::infinity();
@@ -355,6 +359,17 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
   // Where each buffer is: 0 not on the device, 1 object taken (copy in
   // flight), 2 on the device (the reference's `arrived`).
   std::vector<char> where(g.n_bufs, 0);
+  // With events: which object each buffer holds, from LIFO stacks of free
+  // objects filled so that object 0 is taken first (the reference's).
+  double now = 0.0;
+  std::vector<std::vector<int>> stack;
+  std::vector<int> obj;
+  if (events) {
+    stack.resize(n_classes);
+    for (int c = 0; c < n_classes; ++c)
+      for (int64_t j = counts[c] - 1; j >= 0; --j) stack[c].push_back((int)j);
+    obj.assign(g.n_bufs, -1);
+  }
   auto take = [&](int b) {
     where[b] = 1;
     int c = cls[b];
@@ -364,6 +379,11 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
     class_peak[c] = std::max(class_peak[c], in_use[c]);
     used += class_bytes[c];
     peak = std::max(peak, used);
+    if (events) {
+      obj[b] = stack[c].back();
+      stack[c].pop_back();
+      events->push_back({now, 1, b, c, obj[b]});
+    }
   };
   auto give = [&](int b) {
     where[b] = 0;
@@ -371,6 +391,10 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
     free_n[c]++;
     in_use[c]--;
     used -= class_bytes[c];
+    if (events) {
+      stack[c].push_back(obj[b]);
+      events->push_back({now, 0, b, c, obj[b]});
+    }
   };
   // need_of: ins are sorted by need; waits sorted by position; drops by out_after.
   std::vector<int> need_ptr(n + 1, 0), wait_ptr(n + 1, 0);
@@ -486,6 +510,7 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
     double td = d_run ? t + d_lat + d_rem / rd : INF;
     double te = std::min(std::min(c_run ? c_end : INF, th), td);
     double dt = te - t;
+    now = te;
     if (c_run && c_end == te) {
       int o = order[kc];
       op_done[kc] = 1;
@@ -623,8 +648,10 @@ int tfswap_plan_simulate(
 // after, copy) x n_outs; ins (buf, trigger, own, need) x n_ins with their waits
 // in CSR (in_wait_ptr: n_ins + 1); op_waits (position, out) x n_waits;
 // recomputes (buf, need) x n_recs, sorted by (need, buf), their ops in CSR.
-// Returns 0, or 2/3/4 as SimOut::status.  metrics: [step_time_s, stall_s];
-// counts_out: [peak_bytes, h2d_bytes, d2h_bytes].
+// Returns 0, or 2/3/4 as SimOut::status (5: more allocation events than
+// event_cap).  metrics: [step_time_s, stall_s]; counts_out: [peak_bytes,
+// h2d_bytes, d2h_bytes, n_events].  With event_cap > 0 the pool's allocation
+// events in order: event_t (time) and event_rec (take, buf, class, object) x 4.
 int tfswap_simulate_program(
     int n_ops, const double* op_time, int n_bufs, const int64_t* buf_bytes,
     const int8_t* persistent, const int8_t* pinned, const int8_t* modified, const int8_t* kept,
@@ -635,7 +662,8 @@ int tfswap_simulate_program(
     int n_resident, const int32_t* resident, int n_outs, const int32_t* outs, int n_ins,
     const int32_t* ins, const int32_t* in_wait_ptr, const int32_t* in_waits, int n_waits,
     const int32_t* op_waits, int n_recs, const int32_t* recs, const int32_t* rec_ptr,
-    const int32_t* rec_ops, double* metrics, int64_t* counts_out, int64_t* class_peak) {
+    const int32_t* rec_ops, double* metrics, int64_t* counts_out, int64_t* class_peak,
+    int64_t event_cap, double* event_t, int32_t* event_rec) {
   Graph g{n_ops, n_bufs, op_time, buf_bytes, persistent, pinned, modified, kept,
           in_ptr, in, out_ptr, out, in_write};
   Program p;
@@ -656,15 +684,25 @@ int tfswap_simulate_program(
     for (int i = in_ptr[o]; i < in_ptr[o + 1]; ++i) last[in[i]] = k;
     for (int i = out_ptr[o]; i < out_ptr[o + 1]; ++i) last[out[i]] = k;
   }
+  std::vector<AllocEvent> events;
   SimOut s = simulate(g, order, buf_class, n_classes, class_count, class_bytes, small_pool_bytes,
                       p, last, h2d_bw, d2h_bw, duplex_bw, copy_latency, copies_on_compute != 0,
-                      class_peak);
+                      class_peak, event_cap > 0 ? &events : nullptr);
   if (s.status) return s.status;
   metrics[0] = s.step;
   metrics[1] = s.stall;
   counts_out[0] = s.peak;
   counts_out[1] = s.h2d_bytes;
   counts_out[2] = s.d2h_bytes;
+  counts_out[3] = (int64_t)events.size();
+  if ((int64_t)events.size() > event_cap) return event_cap > 0 ? 5 : 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    event_t[i] = events[i].t;
+    event_rec[4 * i] = events[i].take;
+    event_rec[4 * i + 1] = events[i].buf;
+    event_rec[4 * i + 2] = events[i].cls;
+    event_rec[4 * i + 3] = events[i].obj;
+  }
   return 0;
 }
 
