@@ -183,7 +183,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
              workers: int | None = None,
              executor=None, mode: str = "joint", inputs=None, safety_margin: float = 0.05,
              small_tensor_bytes: int | None = None, verify_rounds: int = 3,
-             pool_layout: str = "shared", byte_planner: bool = False,
+             pool_layout: str = "shared", byte_planner: bool = True,
              progress: bool = False, parameters: str = "auto",
              recompute: bool = True, background: bool = False):
     """Plan swaps for ``concrete_fn`` so it runs within ``memory_budget`` of device memory.

@@ -110,8 +110,11 @@ class Options:
     verified, a shared plan that measures over the budget is re-planned with
     the disjoint pool, whose rounding leaves room for what the model misses.
     ``byte_planner``: with the shared layout, also try the byte-cap planner
-    (:mod:`tfswap.core.byte_planner`), which moves far less on steps several
-    times the device; off by default (see ``SearchConfig.byte_planner``).
+    (:mod:`tfswap.core.byte_planner`) on TF's order and the search's best
+    schedule, and keep the faster plan (the registered ``tfswap`` planner): it
+    moves far less on steps several times the device and recomputes segments
+    the search does not.  On by default; False is the ablation (the genetic
+    search alone).
     ``verify_rounds``: where the device's peak can be measured (the emulated
     device: 3 runs in each of 2 sessions; a GPU: its allocator's peak over 3
     runs of the rewritten step), the rewritten step is measured and, if it
@@ -147,7 +150,7 @@ class Options:
     small_tensor_bytes: int | None = None
     verify_rounds: int = 3
     pool_layout: str = "shared"
-    byte_planner: bool = False
+    byte_planner: bool = True
     progress: bool = False
     parameters: str = "auto"
     recompute: bool = True

@@ -59,9 +59,8 @@ class SearchConfig:
     ``byte_planner``: with the shared layout, also plan TF's order and the
     search's best schedule with :mod:`tfswap.core.byte_planner` (evicts across
     size classes under a byte cap) and keep the faster plan whose arena fits.
-    Off by default: its plans fill the budget with live bytes, and on the
-    emulated device they measured above their simulation more often than the
-    class planner's (benchmarks/RESULTS.md, "Fuzzing").
+    Off here (the genetic search alone, as registered ``tfswap.ga``);
+    ``tfswap.optimize`` turns it on by default (the ``tfswap`` planner).
     """
 
     population_size: int = 32
