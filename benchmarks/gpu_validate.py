@@ -136,9 +136,9 @@ def parse_args(argv=None):
     parser.add_argument("--verify-rounds", type=int, default=3,
                         help="optimize's verify_rounds; 0: the memory model's accuracy")
     parser.add_argument("--generations", type=int, default=5)
-    parser.add_argument("--byte-planner", action="store_true",
-                        help="optimize's byte_planner=True: the search also tries the "
-                             "byte-cap planner and keeps the faster plan")
+    parser.add_argument("--search-only", action="store_true",
+                        help="the ablation optimize(byte_planner=False): the genetic "
+                             "search alone, without the byte-cap planner beside it")
     parser.add_argument("--workers", type=int, default=None,
                         help="optimize's scoring threads (default: all cores)")
     parser.add_argument("--timeout-s", type=float, default=None,
@@ -336,7 +336,7 @@ def run_model(name: str, args) -> None:
                    unmodified_step_s=base_time, unmodified_peak_bytes=base_peak,
                    host_variables_unmodified_step_s=host_time, device=device,
                    device_name=device_name, verify_rounds=args.verify_rounds,
-                   generations=args.generations, byte_planner=args.byte_planner,
+                   generations=args.generations, byte_planner=not args.search_only,
                    measured_how=base_how)
         fast = None
         try:
@@ -347,7 +347,7 @@ def run_model(name: str, args) -> None:
             fast = tfswap.optimize(step.concrete_fn, budget, generations=args.generations,
                                    seed=0, workers=args.workers, inputs=step.batch,
                                    verify_rounds=args.verify_rounds,
-                                   byte_planner=args.byte_planner,
+                                   byte_planner=not args.search_only,
                                    parameters="auto" if homes == "auto" else "device")
             row["plan_s"] = time.perf_counter() - start
             row.update(plan_fields(fast))
@@ -449,7 +449,7 @@ def arena_rows(name: str, args, given: dict, step, device, method, timing) -> No
                budget_bytes=given["budget_bytes"], unmodified_step_s=given["unmodified_step_s"],
                unmodified_peak_bytes=given["unmodified_peak_bytes"], device=device,
                verify_rounds=args.verify_rounds, generations=args.generations,
-               byte_planner=args.byte_planner)
+               byte_planner=not args.search_only)
     arena = allocator.installed_gpu_arena(device)
     row["arena"] = "installed" if arena is not None else "none (the emulated device)"
     fast = None
@@ -460,7 +460,7 @@ def arena_rows(name: str, args, given: dict, step, device, method, timing) -> No
         fast = tfswap.optimize(step.concrete_fn, given["budget_bytes"],
                                generations=args.generations, seed=0, workers=args.workers,
                                inputs=batch, verify_rounds=args.verify_rounds,
-                               byte_planner=args.byte_planner)
+                               byte_planner=not args.search_only)
         row["plan_s"] = time.perf_counter() - start
         variables = fast.captured.variables
         names = [v.name for v in variables]

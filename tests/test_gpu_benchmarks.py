@@ -30,7 +30,7 @@ def _run(*args, timeout=600):
 def test_gpu_validate_writes_one_row_within_its_budget(tmp_path):
     out = tmp_path / "gpu_validate.csv"
     _run("benchmarks/gpu_validate.py", "--emulated", "--small", "--models", "cnn",
-         "--generations", "2", "--workers", "1", "--byte-planner", "--out", str(out))
+         "--generations", "2", "--workers", "1", "--out", str(out))
     with out.open() as f:
         reader = csv.reader(f)
         header = next(reader)
@@ -46,7 +46,7 @@ def test_gpu_validate_writes_one_row_within_its_budget(tmp_path):
                                            "unmodified_step_s", "plan_s"))
     details = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
     assert details[0]["model"] == "cnn" and "error" not in details[0]
-    assert details[0]["byte_planner"] is True   # optimize(byte_planner=True), the flag's
+    assert details[0]["byte_planner"] is True   # optimize's default planner
     assert "emulated device" in details[0]["measured_how"]
     # What tells a model error from a run-time effect on a GPU (docs/gpu.md).
     assert "explain_error" not in details[0], details[0].get("explain_error")
