@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from tfswap.core import layout, planners, search, simulator
+from tfswap.core import bound, layout, planners, search, simulator
 from tfswap.core.budget import BudgetError, parse_budget
 from tfswap.core.devices import DeviceSpec, cpu_emulated, device_spec as resolve_spec
 from tfswap.core.graph import DataflowGraph
@@ -855,8 +855,18 @@ def _plan_one(prepared: Prepared, attempt: Attempt, profile, planner, options,
     except Infeasible:
         result, note = _without_search(prepared, attempt)
         notes += (note,)
+    notes += (_against_bound(result.plan, problem, attempt.planner_budget, prepared.spec),)
     return Planned(prepared, attempt, _finish(result.plan, prepared, attempt), result.search,
                    notes)
+
+
+def _against_bound(found: Plan, problem: Problem, budget: int, spec: DeviceSpec) -> str:
+    """The report's line on how far ``found`` is from the lower bound of its
+    schedule at this budget (:mod:`tfswap.core.bound`)."""
+    limit = bound.lower_bound(problem, budget, spec, schedule=found.schedule)
+    return (f"{limit.describe()}; this plan is predicted at "
+            f"{found.prediction.step_time_s / limit.time_s:.2f}x it (a relaxation: one "
+            "position at a time, a remade value costing its producer alone)")
 
 
 def _without_search(prepared: Prepared, attempt: Attempt):
