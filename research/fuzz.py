@@ -212,9 +212,10 @@ def _named_minimum(err) -> int | None:
 
 
 def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2, *,
-          byte_planner: bool = False, verify_rounds: int = 3) -> Outcome:
+          byte_planner: bool = True, verify_rounds: int = 3) -> Outcome:
     """Build ``random_step(seed)`` and check tfswap's property on it (module doc).
-    ``byte_planner``, ``verify_rounds``: passed to ``optimize``.
+    ``byte_planner``, ``verify_rounds``: passed to ``optimize`` (its defaults; False: the
+    ablation, the genetic search alone).
 
     Never raises for a property violation: the outcome says ``failed`` with
     the reason (and the traceback for an unexpected error).

@@ -325,3 +325,45 @@ def test_each_program_the_variants_make_is_simulated_once(monkeypatch):
         assert p.allocation.total_bytes <= budget
         again = simulate(graph, p, spec, compiled=problem.compiled)
         assert again.step_time_s == pytest.approx(p.prediction.step_time_s)
+
+
+def test_a_remade_buffer_makes_the_value_its_later_readers_read_not_a_view_of_it():
+    """A view of a buffer made and read before the gap (``bv = Reshape(b)``) is no
+    part of what the reader after the gap (``rb`` reads ``b:0``) needs: the remake
+    runs ``b`` alone.  The scan used to remake ``(b, bv)``, and the rewrite then
+    found no reader of ``bv:0`` (fuzz seeds 5362, 7354, 7946, ...: "recompute of
+    Reshape_1:0: needs out_after ... and consumers" inside optimize)."""
+    import dataclasses
+
+    from tfswap.core.graph import DataflowGraph, Op, Tensor
+    from tfswap.core.problem import Problem
+
+    mb = 1 << 20
+    ops = [Op("x", "Placeholder", time_s=1e-4),
+           Op("a", "Slow", ("x:0",), time_s=10e-3),
+           Op("b", "Fast", ("x:0",), time_s=1e-4),
+           Op("bv", "Reshape", ("b:0",), time_s=1e-6),       # a view of b:0 (same buffer)
+           Op("r1", "Read", ("bv:0",), time_s=1e-4),         # reads the view, before the gap
+           Op("f1", "Fill", ("x:0",), time_s=1e-3),          # passes the cap: b is dropped
+           Op("f2", "Fill", ("f1:0",), time_s=1e-3),
+           Op("rb", "Read", ("b:0", "f2:0"), time_s=1e-3),   # after the gap: reads b:0
+           Op("ra", "Read", ("a:0", "rb:0", "x:0", "r1:0"), time_s=1e-3)]
+    sizes = {"x": mb, "a": 8 * mb, "b": 8 * mb, "f1": 6 * mb, "f2": 2 * mb, "rb": 2 * mb,
+             "ra": 2 * mb, "r1": 1024}
+    tensors = [Tensor(f"{n}:0", nbytes=s) for n, s in sizes.items()]
+    tensors.append(Tensor("bv:0", nbytes=8 * mb, alias_of="b:0"))
+    graph = DataflowGraph.build(ops, tensors)
+    spec = dataclasses.replace(SPEC, h2d_bytes_per_s=1e8, d2h_bytes_per_s=1e8,
+                               duplex_bytes_per_s=1.5e8)
+    schedule = [op.name for op in ops]
+    problem = Problem.of(graph, small_threshold_bytes=0, schedule=schedule,
+                         recomputable=["b", "bv"])
+    plan = byte_planner.plan(graph, 22 * mb, spec, compiled=problem.compiled,
+                             schedule=schedule, small_threshold_bytes=0,
+                             recomputable=problem.recomputable)
+    remade = [s for s in plan.swaps if s.kind == "recompute"]
+    assert remade, "the budget should make the planner drop and remake b"
+    for swap in remade:
+        made = graph.op(swap.ops[-1]).outputs
+        assert all(any(t in graph.op(c).inputs for t in made) for c in swap.consumers), swap
+    assert any(s.ops == ("b",) for s in remade)

@@ -113,6 +113,24 @@ class _Chains:
         self.cg, self.allowed = cg, allowed
         self.index = ChainIndex(cg, order)
         self.memo: dict[tuple[int, int, int], tuple[tuple[int, ...], float] | None] = {}
+        # The last position each tensor is read at.
+        at = self.index.position_of_op
+        self.last_read = [max((at[c] for c in t.consumers if c in at), default=-1)
+                          for t in cg.graph.tensors]
+
+    def read_value(self, b: int, need: int) -> int | None:
+        """The position that made the value of ``b`` the ops from ``need`` on read:
+        the one member of ``b`` made before ``need`` that some op at or after
+        ``need`` reads.  None where they read several (a value and a view of it
+        made before the gap, or two slices of it: a remake gives its readers
+        one value) or none.  A view made
+        after the value, read only before the gap, is no part of it: making it
+        again would leave the readers of the value without one (fuzz seed 7354:
+        ``mul_1`` and ``Reshape`` remade for a ``MatMul`` that reads ``mul_1:0``)."""
+        index = self.index
+        read = [i for i in index.members[b]
+                if index.made_at[i] < need and self.last_read[i] >= need]
+        return index.made_at[read[0]] if len(read) == 1 else None
 
     def of(self, b: int, upto: int, need: int) -> tuple[tuple[int, ...], float] | None:
         """The ops that make ``b``'s value as of ``upto`` again before ``need``, and
@@ -260,7 +278,10 @@ class _ByteScan:
         if not self.pers[b] and not self.pinned[b] and self.last[b] != k:
             entry = (-self._next_use(b), k, b, self.version[b])
             heapq.heappush(self.heap, entry)
-            chain = self.chains.of(b, k, -entry[0]) if self.chains is not None else None
+            chain = None
+            if self.chains is not None:
+                upto = self.chains.read_value(b, -entry[0])
+                chain = self.chains.of(b, upto, -entry[0]) if upto is not None else None
             if chain and chain[1] <= self.nbytes[b] * self.share_s_per_byte:
                 self.chain_of[b] = chain[0]
                 rank = chain[1] / self.nbytes[b] if self.drop_order == "cheapest" else 0.0

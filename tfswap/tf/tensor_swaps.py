@@ -42,7 +42,13 @@ def tensor_swaps(plan: Plan, graph: DataflowGraph) -> Plan:
         if swap.kind == "recompute" and swap.ops:
             # Its last op makes the member its readers read (the planner chose
             # the ops so: tfswap.core.recompute), a view of the buffer included.
-            value = next(t for t in graph.op(swap.ops[-1]).outputs if t in members)
+            made = [t for t in graph.op(swap.ops[-1]).outputs if t in members]
+            value = next((t for t in made if any(t in graph.op(c).inputs
+                                                 for c in swap.consumers)), None)
+            if value is None:
+                raise RuntimeError(f"recompute {swap.id!r}: its last op {swap.ops[-1]!r} makes "
+                                   f"none of the values its readers read ({made}); this is a "
+                                   "tfswap bug")
             swaps.append(dataclasses.replace(swap, tensor=value, consumers=tuple(
                 c for c in swap.consumers if value in graph.op(c).inputs)))
             continue
