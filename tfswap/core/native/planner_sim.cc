@@ -410,9 +410,13 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
     for (size_t j = 0; j < p.outs.size(); ++j)
       if (!p.outs[j].copy) drops[f[p.outs[j].after]++] = (int)j; else d2h_list.push_back((int)j);
   }
-  std::vector<int> rec_at(n + 1, 0), made;
-  for (int b : p.rec_need) rec_at[b + 1]++;
-  for (int k = 0; k < n; ++k) rec_at[k + 1] += rec_at[k];
+  // Recomputations by position (the planner's own programs have none: no table).
+  const bool recomputes = !p.rec_need.empty();
+  std::vector<int> rec_at(recomputes ? n + 1 : 0, 0), made;
+  if (recomputes) {
+    for (int b : p.rec_need) rec_at[b + 1]++;
+    for (int k = 0; k < n; ++k) rec_at[k + 1] += rec_at[k];
+  }
   std::vector<std::vector<int>> temps(p.rec_need.empty() ? 0 : n);
   double recompute_s = 0.0;
   std::vector<char> op_done(n, 0), in_done(p.ins.size(), 0), out_fin(p.outs.size(), 0);
@@ -441,7 +445,7 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
             // Recomputations before this op: each chain's ops run again, the
             // buffers they make for the chain alone held until this op ends.
             double extra = 0.0;
-            for (int ri = rec_at[kc]; ri < rec_at[kc + 1]; ++ri) {
+            for (int ri = recomputes ? rec_at[kc] : 0; recomputes && ri < rec_at[kc + 1]; ++ri) {
               int rb = p.rec_buf[ri];
               if (where[rb] != 0) { r.status = 4; return r; }
               made.clear();
