@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -48,10 +49,13 @@ def main(argv=None) -> int:
         name, batch = row.split(":")
         problem = lowered(name, int(batch), args.spec)
         for planner in args.planners:
+            # The genetic planners take the search's settings; the others have none.
+            takes = "config" in inspect.signature(planners.get(planner)).parameters
             started = time.perf_counter()
             try:
-                result = planners.run(planner, problem, budget, spec, config=config)
-            except planners.Infeasible as err:
+                result = planners.run(planner, problem, budget, spec,
+                                      **({"config": config} if takes else {}))
+            except (planners.Infeasible, planners.UnsupportedProblem) as err:
                 print(f"{row:20s} {planner:12s} does not fit: {err}")
                 continue
             seconds = time.perf_counter() - started
