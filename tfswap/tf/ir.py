@@ -622,56 +622,8 @@ def _keep_traced_forwards(ops: list[Op], tensors: list[Tensor],
                          key=position.get)
         if earlier:
             extra[op.name] = earlier
-    _updates_after_old_readers(ops, tensors, updates or {}, readers, extra)
     return [replace(op, control_inputs=op.control_inputs + tuple(extra[op.name]))
             if op.name in extra else op for op in ops]
-
-
-def _updates_after_old_readers(ops: list[Op], tensors: list[Tensor], updates: dict[str, str],
-                               readers: dict, extra: dict[str, list[str]]) -> None:
-    """Add to ``extra`` an edge from every reader of a variable's value to the
-    variable's in-place update, where the reader does not come after the update
-    anyway, whichever order the trace saw.
-
-    An update that finds the old value still to be read copies the variable
-    first (TF's copy-on-write) and holds old and new until that reader ends; the
-    model, where every read shares the variable's buffer, never counts the copy.
-    The trace's own order can copy too (fuzz seeds 5326, 5123, 5469, 5229 of
-    2026-11-27: an update TF ran before a gradient MatMul still reading the old
-    weight measured 64-131 KiB over the plan).  Each edge is added only where
-    the update does not reach the reader, the edges added so far included, so
-    none closes a cycle."""
-    if not updates:
-        return
-    by_name = {t.name: t for t in tensors}
-    successors: dict[str, set[str]] = {op.name: set() for op in ops}
-    for op in ops:
-        for name in op.inputs:
-            producer = name.rpartition(":")[0]
-            if producer in successors:
-                successors[producer].add(op.name)
-        for c in op.control_inputs + tuple(extra.get(op.name, ())):
-            if c in successors:
-                successors[c].add(op.name)
-    controls = {op.name: set(op.control_inputs) for op in ops}
-    for update, value in updates.items():
-        if update not in successors:
-            continue
-        root = by_name[value].alias_of or value
-        old = {r for r, _ in readers.get(root, ())
-               if r != update and r not in controls[update]
-               and r not in extra.get(update, ())}
-        if not old:
-            continue
-        reached, todo = set(), [update]
-        while todo:   # what runs after the update: its readers of the new value
-            for nxt in successors[todo.pop()]:
-                if nxt not in reached:
-                    reached.add(nxt)
-                    todo.append(nxt)
-        for r in sorted(old - reached):
-            extra.setdefault(update, []).append(r)
-            successors[r].add(update)
 
 
 def _reduce(graph: DataflowGraph, tf_graph: tf.Graph, keep_ops: set[str],
