@@ -53,8 +53,8 @@ class Bound:
 
     def describe(self) -> str:
         if not self.excess_bytes:
-            return (f"lower bound {self.time_s * 1e3:.4g} ms: the ops' time (the step fits "
-                    "the budget without moving anything)")
+            return (f"lower bound {self.time_s * 1e3:.4g} ms: the ops' time (what the step "
+                    "holds at each position fits the budget: nothing has to leave the device)")
         return (f"lower bound {self.time_s * 1e3:.4g} ms for this budget: the ops take "
                 f"{self.compute_s * 1e3:.4g} ms, and before op {self.op!r} "
                 f"{self.excess_bytes} B live there must be off the device (over the link or "

@@ -123,10 +123,10 @@ class _Chains:
         the one member of ``b`` made before ``need`` that some op at or after
         ``need`` reads.  None where they read several (a value and a view of it
         made before the gap, or two slices of it: a remake gives its readers
-        one value) or none.  A view made
-        after the value, read only before the gap, is no part of it: making it
-        again would leave the readers of the value without one (fuzz seed 7354:
-        ``mul_1`` and ``Reshape`` remade for a ``MatMul`` that reads ``mul_1:0``)."""
+        one value) or none.  A view made after the value, read only before the
+        gap, is no part of it: making it again would leave the readers of the
+        value without one (fuzz seed 7354: ``mul_1`` and ``Reshape`` remade for
+        a ``MatMul`` that reads ``mul_1:0``)."""
         index = self.index
         read = [i for i in index.members[b]
                 if index.made_at[i] < need and self.last_read[i] >= need]

@@ -35,8 +35,6 @@ def _configure(lib: ctypes.CDLL) -> None:
         [ctypes.c_int, p, ctypes.c_int] + [p] * 10 + [p, p, ctypes.c_int, p, p, ctypes.c_int64]
         + [ctypes.c_double] * 4 + [ctypes.c_int, ctypes.c_double, ctypes.c_int]
         + [p, p, p, ctypes.c_int64, p, p, p, p])
-
-
     lib.tfswap_simulate_program.restype = ctypes.c_int
     lib.tfswap_simulate_program.argtypes = (
         [ctypes.c_int, p, ctypes.c_int] + [p] * 10 + [p, p, ctypes.c_int, p, p, ctypes.c_int64]
