@@ -145,9 +145,8 @@ def child(run: int, fraction: float, search_time: float, foreground: bool,
         # The foreground search on the same problem (the same profile: predicted
         # times of plans on two profiles would not compare), for as long.
         usable, _ = pipeline.planner_budget(budget, fast.lowered, 0.05)
-        config = search.SearchConfig(time_budget_s=search_time, seed=0, workers=1,
-                                     pool_layout="shared")
-        fg = planners.run(search.PLANNER_NAME, fast.problem, usable, fast.spec,
+        config = search.SearchConfig(time_budget_s=search_time, seed=0, workers=1)
+        fg = planners.run(planners.DEFAULT_PLANNER, fast.problem, usable, fast.spec,
                           config=config).plan
         row.update(first_plan_step_s=fast.plans[0].predicted_step_s,
                    background_plan=searched.id,

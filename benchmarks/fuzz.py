@@ -35,9 +35,10 @@ def main() -> int:
     parser.add_argument("--max-ops", type=int, default=12, help="drawn ops per graph, at most")
     parser.add_argument("--generations", type=int, default=2, help="GA generations per plan")
     parser.add_argument("--verbose", action="store_true", help="a line for every graph")
-    parser.add_argument("--search-only", action="store_true",
-                        help="the ablation optimize(byte_planner=False): the genetic search "
-                             "alone, without the byte-cap planner beside it")
+    parser.add_argument("--planner", default="tfswap",
+                        help="optimize's planner: tfswap (the default, the fastest of them "
+                             "all) or a registered one for an ablation, e.g. tfswap.ga (the "
+                             "genetic search alone)")
     parser.add_argument("--verify-rounds", type=int, default=3,
                         help="optimize's verify_rounds (0: the plan as the model predicts it)")
     args = parser.parse_args()
@@ -48,7 +49,7 @@ def main() -> int:
     started = time.perf_counter()
     for seed in range(args.seed, args.seed + args.graphs):
         outcome = fuzz.check(seed, max_ops=args.max_ops, generations=args.generations,
-                             byte_planner=not args.search_only, verify_rounds=args.verify_rounds)
+                             planner=args.planner, verify_rounds=args.verify_rounds)
         counts[outcome.status] += 1
         if outcome.status in ("fits", "infeasible"):
             reasons[(outcome.status, outcome.detail.split(" B")[0].rstrip("0123456789 "))] += 1
@@ -58,8 +59,8 @@ def main() -> int:
             print(f"seed {seed}: {outcome.status}: {outcome.detail}", flush=True)
     elapsed = time.perf_counter() - started
     print(f"\n{args.graphs} graphs (seeds {args.seed}..{args.seed + args.graphs - 1}, "
-          f"max_ops {args.max_ops}, generations {args.generations}, byte_planner "
-          f"{not args.search_only}, verify_rounds {args.verify_rounds}) in {elapsed:.0f} s")
+          f"max_ops {args.max_ops}, generations {args.generations}, planner "
+          f"{args.planner}, verify_rounds {args.verify_rounds}) in {elapsed:.0f} s")
     for status in fuzz.STATUSES:
         print(f"  {status:15s} {counts[status]}")
     for (status, reason), n in sorted(reasons.items()):

@@ -136,9 +136,10 @@ def parse_args(argv=None):
     parser.add_argument("--verify-rounds", type=int, default=3,
                         help="optimize's verify_rounds; 0: the memory model's accuracy")
     parser.add_argument("--generations", type=int, default=5)
-    parser.add_argument("--search-only", action="store_true",
-                        help="the ablation optimize(byte_planner=False): the genetic "
-                             "search alone, without the byte-cap planner beside it")
+    parser.add_argument("--planner", default="tfswap",
+                        help="optimize's planner: tfswap (the default, the fastest of them "
+                             "all) or a registered one for an ablation, e.g. tfswap.ga (the "
+                             "genetic search alone)")
     parser.add_argument("--workers", type=int, default=None,
                         help="optimize's scoring threads (default: all cores)")
     parser.add_argument("--timeout-s", type=float, default=None,
@@ -336,7 +337,7 @@ def run_model(name: str, args) -> None:
                    unmodified_step_s=base_time, unmodified_peak_bytes=base_peak,
                    host_variables_unmodified_step_s=host_time, device=device,
                    device_name=device_name, verify_rounds=args.verify_rounds,
-                   generations=args.generations, byte_planner=not args.search_only,
+                   generations=args.generations, optimize_planner=args.planner,
                    measured_how=base_how)
         fast = None
         try:
@@ -347,7 +348,7 @@ def run_model(name: str, args) -> None:
             fast = tfswap.optimize(step.concrete_fn, budget, generations=args.generations,
                                    seed=0, workers=args.workers, inputs=step.batch,
                                    verify_rounds=args.verify_rounds,
-                                   byte_planner=not args.search_only,
+                                   planner=args.planner,
                                    parameters="auto" if homes == "auto" else "device")
             row["plan_s"] = time.perf_counter() - start
             row.update(plan_fields(fast))
@@ -449,7 +450,7 @@ def arena_rows(name: str, args, given: dict, step, device, method, timing) -> No
                budget_bytes=given["budget_bytes"], unmodified_step_s=given["unmodified_step_s"],
                unmodified_peak_bytes=given["unmodified_peak_bytes"], device=device,
                verify_rounds=args.verify_rounds, generations=args.generations,
-               byte_planner=not args.search_only)
+               optimize_planner=args.planner)
     arena = allocator.installed_gpu_arena(device)
     row["arena"] = "installed" if arena is not None else "none (the emulated device)"
     fast = None
@@ -460,7 +461,7 @@ def arena_rows(name: str, args, given: dict, step, device, method, timing) -> No
         fast = tfswap.optimize(step.concrete_fn, given["budget_bytes"],
                                generations=args.generations, seed=0, workers=args.workers,
                                inputs=batch, verify_rounds=args.verify_rounds,
-                               byte_planner=not args.search_only)
+                               planner=args.planner)
         row["plan_s"] = time.perf_counter() - start
         variables = fast.captured.variables
         names = [v.name for v in variables]

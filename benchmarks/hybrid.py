@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/hybrid.py [--models cnn,bert,resnet50] [--fraction 0.6]
         [--link-bandwidth 50e6] [--parameters device] [--generations 5] [--runs 5]
-        [--rounds 3] [--search-only] [--out benchmarks/out/hybrid.csv]
+        [--rounds 3] [--planner tfswap.ga] [--out benchmarks/out/hybrid.csv]
 
 Per model, at ``--fraction`` of the unmodified step's measured peak, two plans
 from ``tfswap.optimize(..., device_spec=cpu_emulated(link_bytes_per_s=B))``:
@@ -60,7 +60,7 @@ def run(name: str, args) -> list[dict]:
         step = MODELS[name]()
         fast = tfswap.optimize(step.concrete_fn, budget, generations=args.generations, seed=0,
                                workers=1, inputs=step.batch, parameters=args.parameters,
-                               byte_planner=not args.search_only,
+                               planner=args.planner,
                                recompute=plan == "hybrid", device_spec=cpu_emulated(
                                    link_bytes_per_s=args.link_bandwidth))
         made[plan] = (step, fast, rewrite.rewrite(
@@ -104,9 +104,10 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=5)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--search-only", action="store_true",
-                        help="the ablation optimize(byte_planner=False): the genetic "
-                             "search alone, without the byte-cap planner beside it")
+    parser.add_argument("--planner", default="tfswap",
+                        help="optimize's planner: tfswap (the default, the fastest of them "
+                             "all) or a registered one for an ablation, e.g. tfswap.ga (the "
+                             "genetic search alone)")
     parser.add_argument("--out", default="benchmarks/out/hybrid.csv")
     args = parser.parse_args()
     rows = []

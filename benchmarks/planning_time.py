@@ -6,8 +6,11 @@ same genetic-search settings (``--generations``, one thread, seed 0), one after
 the other in this process.  Prints, per row and planner, the planning time, the
 plan's ideal/predicted time (1.0 = ideal) and which planner's plan won.
 
-``tfswap.ga`` is what ``optimize`` runs by default (shared pool, no byte-cap
-planner); ``tfswap`` adds the byte-cap planner (the Fig. 6 column).
+``tfswap`` is the default planner (what ``optimize`` runs, the Fig. 6 column:
+the fastest of the search, the byte-cap planner, TF's order and recomputation
+alone); ``tfswap.ga`` with a shared pool is the genetic search alone, what
+``optimize`` ran by default until 2026-11-27 (the reference of issue #40's
+planning-time criterion).
 
     python benchmarks/planning_time.py --rows resnet50:512 --generations 20
     python benchmarks/planning_time.py --rows nasnet_mobile:512 inception_v3:512 --out t.csv
@@ -62,9 +65,12 @@ def main(argv=None) -> int:
             p = result.plan.prediction
             rows.append(dict(row=row, planner=planner, seconds=round(seconds, 1),
                              of_ideal=round(p.ideal_time_s / p.step_time_s, 3),
-                             plan_from=result.plan.planner, generations=args.generations))
+                             plan_from=result.plan.planner, generations=args.generations,
+                             candidates="; ".join(c.describe() for c in result.candidates)))
             print(f"{row:20s} {planner:12s} {seconds:7.1f} s  {rows[-1]['of_ideal']:.3f} of ideal"
                   f"  (plan from {result.plan.planner})", flush=True)
+            if result.candidates:
+                print(f"{'':20s} {rows[-1]['candidates']}", flush=True)
     if args.out and rows:
         with open(args.out, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -212,10 +212,10 @@ def _named_minimum(err) -> int | None:
 
 
 def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2, *,
-          byte_planner: bool = True, verify_rounds: int = 3) -> Outcome:
+          planner: str = "tfswap", verify_rounds: int = 3) -> Outcome:
     """Build ``random_step(seed)`` and check tfswap's property on it (module doc).
-    ``byte_planner``, ``verify_rounds``: passed to ``optimize`` (its defaults; False: the
-    ablation, the genetic search alone).
+    ``planner``, ``verify_rounds``: passed to ``optimize`` (its defaults; another
+    planner, e.g. "tfswap.ga", for an ablation).
 
     Never raises for a property violation: the outcome says ``failed`` with
     the reason (and the traceback for an unexpected error).
@@ -234,7 +234,7 @@ def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2, *,
                                inter_op_threads=1).peak_bytes
         # Device-homed: the check runs the captured graph on the same variables.
         kwargs = dict(generations=generations, seed=seed, workers=1, inputs=step.batch,
-                      profile="trace", parameters="device", byte_planner=byte_planner,
+                      profile="trace", parameters="device", planner=planner,
                       verify_rounds=verify_rounds)
         try:
             tfswap.optimize(step.concrete_fn, max(1, peak // 8), **kwargs)

@@ -34,7 +34,7 @@ from tfswap.core.search import SearchConfig
 TFSWAP = "tfswap"
 # The genetic search with the paper's pool (every object has memory of its own):
 # SwapAdvisor as published.  tfswap's own column lets objects share memory and
-# also tries the byte-cap planner (SearchConfig.byte_planner).
+# is the default planner (the fastest of all of tfswap's, planners.default).
 SWAPADVISOR = "swapadvisor"
 # tfswap's search without recomputation, the hybrid's swap-only column.
 TFSWAP_SWAPS = "tfswap.swaps"

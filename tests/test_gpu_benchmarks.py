@@ -46,7 +46,7 @@ def test_gpu_validate_writes_one_row_within_its_budget(tmp_path):
                                            "unmodified_step_s", "plan_s"))
     details = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
     assert details[0]["model"] == "cnn" and "error" not in details[0]
-    assert details[0]["byte_planner"] is True   # optimize's default planner
+    assert details[0]["optimize_planner"] == "tfswap"   # optimize's default planner
     assert "emulated device" in details[0]["measured_how"]
     # What tells a model error from a run-time effect on a GPU (docs/gpu.md).
     assert "explain_error" not in details[0], details[0].get("explain_error")

@@ -45,7 +45,10 @@ class OptimizedFunction:
     ``feeds``, ``fetches``: the rewritten graph, to inspect or measure it
     independently (``tfswap.tf.measure.measure(fast.captured, fast.graph_def, inputs)``).
     ``search``: the genetic search's result (history, heuristic time), None
-    when nothing had to be searched.  ``problem``: the
+    when nothing had to be searched or the search found no pool.
+    ``candidates``: each planner the default planner weighed
+    (:class:`tfswap.core.best_of.Candidate`: its predicted step time, whether it
+    was chosen, or why it planned nothing).  ``problem``: the
     :class:`tfswap.core.problem.Problem` the planner solved (the lowered step
     with its profile; None for a loaded plan), which the core's planners and
     simulator take on a machine without TensorFlow or the device.
@@ -72,6 +75,7 @@ class OptimizedFunction:
     # link and their collectives meeting (tfswap.core.simulator.ReplicatedResult):
     # ``replicated.step_time_s`` is the step's predicted time; None otherwise.
     replicated: Any = None
+    candidates: tuple = ()
 
     def parameter_traffic(self) -> tuple:
         """Per variable in host memory, what one step fetches and writes back, the most
@@ -181,10 +185,9 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
              device_spec: str | DeviceSpec | None = None, profile: str = "auto",
              search_time: float = 60.0, generations: int | None = None, seed: int = 0,
              workers: int | None = None,
-             executor=None, mode: str = "joint", inputs=None, safety_margin: float = 0.05,
+             executor=None, inputs=None, safety_margin: float = 0.05,
              small_tensor_bytes: int | None = None, verify_rounds: int = 3,
-             pool_layout: str = "shared", byte_planner: bool = True,
-             progress: bool = False, parameters: str = "auto",
+             planner: str = "tfswap", progress: bool = False, parameters: str = "auto",
              recompute: bool = True, background: bool = False):
     """Plan swaps for ``concrete_fn`` so it runs within ``memory_budget`` of device memory.
 
@@ -197,6 +200,8 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     "auto" (default), "device" or "host", where the variables live between
     steps; moved variables stay the user's objects.  ``recompute``: tensors
     cheaper to compute again than to move are recomputed (False: swaps only).
+    ``planner``: "tfswap" (default), the fastest plan of every planner tfswap
+    has; another registered name runs that planner alone (ablations).
     ``background``: False (default) searches, verifies and returns when done;
     True returns in seconds a :class:`tfswap.anytime.AnytimeFunction` running
     on a first plan (each search's first generation), verified, while the full
@@ -217,9 +222,9 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     options = pipeline.Options.of(
         memory_budget, device=device, host=host, device_spec=device_spec, profile=profile,
         search_time_s=search_time, generations=generations, seed=seed, workers=workers,
-        executor=executor, mode=mode, inputs=inputs, safety_margin=safety_margin,
+        executor=executor, inputs=inputs, safety_margin=safety_margin,
         small_tensor_bytes=small_tensor_bytes, verify_rounds=verify_rounds,
-        pool_layout=pool_layout, byte_planner=byte_planner, progress=progress,
+        planner=planner, progress=progress,
         parameters=parameters, recompute=recompute)
     if not isinstance(background, bool):
         raise ValueError(f"background must be True or False, got {background!r}")
@@ -321,7 +326,8 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
         search=planned.search, profile=prepared.profile, notes=notes,
         measured_peak_bytes=verified.measured_peak_bytes, measured_on=verified.measured_on,
         relocation=prepared.relocation, problem=planned.attempt.step.problem,
-        replica_plans=planned.replica_plans, replicated=planned.replicated)
+        replica_plans=planned.replica_plans, replicated=planned.replicated,
+        candidates=planned.candidates)
 
 
 def parameters_text(plan: Plan, lowered, captured) -> str:

@@ -119,8 +119,10 @@ def demo(args) -> int:
           f"budget {_mib(budget)} ({args.fraction:.0%})")
     # `generations` bounds each search: the shared pool layout searches once per
     # pool size it tries, and the report counts the generations of all of them.
-    print(f"planning: genetic search, {args.generations} generations for each pool size "
-          "tried (the report below counts them all) ...", flush=True)
+    print(f"planning: the fastest plan of tfswap's planners (genetic search, "
+          f"{args.generations} generations for each pool size tried, which the report below "
+          "counts all together; the byte-cap planner; TensorFlow's order; recomputation "
+          "alone) ...", flush=True)
     try:
         fast = tfswap.optimize(step.concrete_fn, budget, generations=args.generations,
                                seed=args.seed, workers=1, inputs=step.batch)

@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -58,6 +59,9 @@ SMALLEST_SMALL_BYTES = 4 << 10   # the default small-tensor threshold's floor
 VERIFY_SESSIONS = 2
 MINIMUM_SEARCH_DOUBLINGS = 6   # how far above the unconstrained peak a smallest budget is sought
 NO_SWAP = "tfswap.no-swap"   # the planner name of a step that fits as it is
+# Pool objects never in use together share memory first; a plan measured over
+# the budget is planned again with a disjoint pool (refine).
+FIRST_LAYOUT = "shared"
 # A rewritten replicated step that runs this many times its unmodified step (at
 # least the minimum) is taken as stuck: replicas waiting for each other never return.
 REPLICATED_TIMEOUT_FACTOR = 100
@@ -94,8 +98,7 @@ class Options:
     ``workers``: threads that score candidates (default: all cores; no
     process is started, so a script without a main guard is safe), or with
     ``executor`` (any ``concurrent.futures.Executor``: a process pool, Dask's
-    ``Client.get_executor()``) chunks per batch.  ``mode``:
-    "joint", "schedule" or "allocation" (ablations).  ``inputs``: sample
+    ``Client.get_executor()``) chunks per batch.  ``inputs``: sample
     arguments for the traced profile (default: random of the right shape).
     ``safety_margin``: fraction of the budget kept free for what the memory
     model does not see (kernel workspaces TF allocates outside the profile).
@@ -103,18 +106,15 @@ class Options:
     never swapped (default: 1/1024 of the step's no-swap device peak, between
     4 KiB and 1 MiB, so that small models still have tensors worth moving;
     if no plan fits with it, 4 KiB).
-    ``pool_layout``: "shared" (pool objects never in use together share
-    memory, so fewer tensors move) or "disjoint" (every object has memory of
-    its own, SwapAdvisor's pool; needs more memory, but its allocator never
-    depends on the run following the plan's order).  Where the peak is
-    verified, a shared plan that measures over the budget is re-planned with
-    the disjoint pool, whose rounding leaves room for what the model misses.
-    ``byte_planner``: with the shared layout, also try the byte-cap planner
-    (:mod:`tfswap.core.byte_planner`) on TF's order and the search's best
-    schedule, and keep the faster plan (the registered ``tfswap`` planner): it
-    moves far less on steps several times the device and recomputes segments
-    the search does not.  On by default; False is the ablation (the genetic
-    search alone).
+    ``planner``: the registered planner (:mod:`tfswap.core.planners`) that
+    plans the step: "tfswap" (default) keeps the fastest plan, as simulated,
+    of the genetic search, the byte-cap planner, TensorFlow's order and
+    recomputation alone (:func:`tfswap.core.planners.default`); another name
+    (e.g. "tfswap.ga", the search alone) runs that planner only, for
+    ablations.  Pool objects never in use together share memory; where the
+    peak is verified, a plan that measures over the budget is planned again
+    with a disjoint pool (each object its own memory), whose rounding leaves
+    room for what the model misses.
     ``verify_rounds``: where the device's peak can be measured (the emulated
     device: 3 runs in each of 2 sessions; a GPU: its allocator's peak over 3
     runs of the rewritten step), the rewritten step is measured and, if it
@@ -144,13 +144,11 @@ class Options:
     seed: int = 0
     workers: int | None = None
     executor: Executor | None = None
-    mode: str = "joint"
     inputs: Any = None
     safety_margin: float = 0.05
     small_tensor_bytes: int | None = None
     verify_rounds: int = 3
-    pool_layout: str = "shared"
-    byte_planner: bool = True
+    planner: str = planners.DEFAULT_PLANNER
     progress: bool = False
     parameters: str = "auto"
     recompute: bool = True
@@ -167,9 +165,10 @@ class Options:
         if self.parameters not in PARAMETERS:
             raise ValueError(f"parameters must be one of {PARAMETERS} (where the step's "
                              f"variables live between steps), got {self.parameters!r}")
-        if self.pool_layout not in search.POOL_LAYOUTS:
-            raise ValueError(f"pool_layout must be one of {search.POOL_LAYOUTS}, got "
-                             f"{self.pool_layout!r}")
+        if self.planner not in planners.PLANNERS:
+            raise ValueError(f"planner must be one of the registered planners "
+                             f"{sorted(planners.PLANNERS)}, got {self.planner!r} (the default, "
+                             f"{planners.DEFAULT_PLANNER!r}, keeps the fastest of them)")
         if not 0.0 <= self.safety_margin < 1.0:
             raise ValueError(f"safety_margin must be a fraction in [0, 1), got "
                              f"{self.safety_margin!r}")
@@ -187,8 +186,7 @@ class Options:
         # The search's own arguments are checked where they are defined.
         search.SearchConfig(time_budget_s=None, max_generations=self.generations or 0,
                             seed=self.seed, workers=self.workers, executor=self.executor,
-                            mode=self.mode, progress=self.progress,
-                            pool_layout=self.pool_layout, byte_planner=self.byte_planner)
+                            progress=self.progress)
 
 
 @dataclass(frozen=True)
@@ -295,6 +293,8 @@ class Planned:
     # A replicated step's devices simulated together (replicated_prediction); None
     # for a step on one device, or where the replicas' plans do not run together.
     replicated: simulator.ReplicatedResult | None = None
+    # The planners the default planner weighed (tfswap.core.best_of.Candidate).
+    candidates: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -731,7 +731,7 @@ def planner_budget(budget: int, lowered, safety_margin: float) -> tuple[int, int
 
 def first_attempt(prepared: Prepared) -> Attempt:
     """The attempt at the default threshold, layout and margin."""
-    return _attempt_at(prepared, prepared.step, prepared.options.pool_layout)
+    return _attempt_at(prepared, prepared.step, FIRST_LAYOUT)
 
 
 def _attempt_at(prepared: Prepared, step: Lowered, layout: str, **changes) -> Attempt:
@@ -760,8 +760,9 @@ def fits_unmodified(prepared: Prepared, attempt: Attempt, profile=None) -> bool:
 
 def plan(prepared: Prepared, attempt: Attempt, planner: str | None = None,
          **options) -> Planned:
-    """The genetic search's plan for ``attempt``, or the planner's on TF's order
-    where the search's size classes do not fit.  Raises :class:`Infeasible`.
+    """The plan of ``attempt`` by ``Options.planner`` (by default the fastest of
+    tfswap's planners, :func:`tfswap.core.planners.default`; the report's notes
+    list each one's prediction).  Raises :class:`Infeasible`.
     A replicated step gets a plan per replica (``Planned.replica_plans``), each
     for the attempt's remedies on that replica's lowering.
 
@@ -849,15 +850,15 @@ def _plan_one(prepared: Prepared, attempt: Attempt, profile, planner, options,
                   "variables it reads",)
         found = dataclasses.replace(unconstrained, planner=NO_SWAP)
         return Planned(prepared, attempt, _finish(found, prepared, attempt), None, notes)
-    try:
-        result = planners.run(search.PLANNER_NAME, problem, attempt.planner_budget,
-                              prepared.spec, config=_search_config(prepared, attempt, share))
-    except Infeasible:
-        result, note = _without_search(prepared, attempt)
-        notes += (note,)
+    name = prepared.options.planner
+    result = planners.run(name, problem, attempt.planner_budget, prepared.spec,
+                          **_planner_options(name, prepared, attempt, share))
+    if result.candidates:
+        notes += ("planners, predicted step: " + "; ".join(
+            c.describe() for c in result.candidates),)
     notes += (_against_bound(result.plan, problem, attempt.planner_budget, prepared.spec),)
     return Planned(prepared, attempt, _finish(result.plan, prepared, attempt), result.search,
-                   notes)
+                   notes, candidates=result.candidates)
 
 
 def _against_bound(found: Plan, problem: Problem, budget: int, spec: DeviceSpec) -> str:
@@ -869,28 +870,17 @@ def _against_bound(found: Plan, problem: Problem, budget: int, spec: DeviceSpec)
             "position at a time, a remade value costing its producer alone)")
 
 
-def _without_search(prepared: Prepared, attempt: Attempt):
-    """Where the genetic search finds no size-class pool within the planner budget:
-    the planner on TensorFlow's order with exact sizes (what the smallest budget
-    is computed from, so a budget at or above it still gets a plan), else the
-    byte-cap planner, whose shared arena holds bytes, not objects per class (an
-    op that reads many tensors at once, as a replicated step's all-reduce
-    concatenating every gradient does, needs that many objects of their classes
-    at once; ``tfswap.order`` then fails where bytes still fit).  (result, note);
-    raises the first planner's Infeasible where neither plans."""
-    problem, budget, spec = attempt.step.problem, attempt.planner_budget, prepared.spec
-    try:
-        return planners.run("tfswap.order", problem, budget, spec), (
-            "the genetic search found no size-class pool within the budget: planned on "
-            "TensorFlow's order with exact sizes")
-    except Infeasible as err:
-        try:
-            result = planners.run(search.BYTES_PLANNER_NAME, problem, budget, spec)
-        except (Infeasible, planners.UnsupportedProblem):
-            raise err from None
-    return result, ("no size-class pool within the budget (the genetic search's, TensorFlow's "
-                    "order with exact sizes): planned on TensorFlow's order under a byte cap, "
-                    "with a shared arena (tfswap.core.byte_planner)")
+def _planner_options(name: str, prepared: Prepared, attempt: Attempt,
+                     share: float = 1.0) -> dict:
+    """The keyword arguments planner ``name`` takes of the attempt: the genetic
+    search's settings (``config``) and the pool layout (``layout``)."""
+    takes = inspect.signature(planners.get(name)).parameters
+    options = {}
+    if "config" in takes:
+        options["config"] = _search_config(prepared, attempt, share)
+    if "layout" in takes:
+        options["layout"] = attempt.pool_layout
+    return options
 
 
 def _search_config(prepared: Prepared, attempt: Attempt,
@@ -903,8 +893,7 @@ def _search_config(prepared: Prepared, attempt: Attempt,
         limit = {"time_budget_s": left, "max_generations": None} if left > 0 else \
             {"time_budget_s": None, "max_generations": 0}
     return search.SearchConfig(**limit, seed=o.seed, workers=o.workers, executor=o.executor,
-                               mode=o.mode, progress=o.progress,
-                               pool_layout=attempt.pool_layout, byte_planner=o.byte_planner,
+                               progress=o.progress, pool_layout=attempt.pool_layout,
                                stop_when=prepared.stop_when)
 
 

@@ -1,6 +1,6 @@
 """The byte-cap planner on synthetic graphs: its plans are what the simulator runs,
-the live bytes stay under the cap, the shared layout fits the budget, and the
-shared search takes its plan only when it is faster (no TensorFlow)."""
+the live bytes stay under the cap, the shared layout fits the budget (no
+TensorFlow; how the default planner weighs its plans: test_best_of.py)."""
 
 import pytest
 
@@ -8,8 +8,6 @@ from tfswap.core import baselines, byte_planner, layout
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.plan import Plan
 from tfswap.core.infeasible import InfeasibleAllocation
-from tfswap.core.search import BYTES_PLANNER_NAME, PLANNER_NAME, SearchConfig
-from tfswap.core.search import plan as ga_plan
 from tfswap.core.simulator import simulate
 from research.synthetic import layered_training_step
 from tests.core.plan_checks import SPEC
@@ -97,70 +95,6 @@ def test_bad_cap_is_refused(step):
     cg = CompiledGraph.build(g)
     with pytest.raises(ValueError, match="cap_bytes must be an int > 0"):
         byte_planner.build_program(cg, cg.order_of(None), SPEC, 0)
-
-
-def test_shared_search_keeps_the_faster_of_its_two_planners(step):
-    g, peak = step
-    budget = int(peak * 0.6)
-    cfg = SearchConfig(max_generations=3, time_budget_s=None, seed=0, workers=1,
-                       pool_layout="shared", layout_rounds=2, byte_planner=True)
-    res = ga_plan(g, budget, SPEC, config=cfg)
-    assert res.plan.planner == BYTES_PLANNER_NAME   # on this step it beats 3 generations
-    assert res.plan.allocation.total_bytes <= budget
-    byte_plan = byte_planner.plan(g, budget, SPEC, memory="shared")
-    assert res.plan.prediction.step_time_s <= byte_plan.prediction.step_time_s
-    result = simulate(g, res.plan, SPEC)
-    assert result.step_time_s == res.plan.prediction.step_time_s
-    assert res.best_evaluation.step_time_s == res.plan.prediction.step_time_s
-
-
-def test_the_shared_search_chooses_among_its_candidates_after_the_polishing_pass(step):
-    # The recomputation pass can turn a candidate that was slower before it into
-    # the fastest; so every candidate is polished, and the choice comes after.
-    import dataclasses
-
-    g, peak = step
-    budget = int(peak * 0.6)
-    cfg = SearchConfig(max_generations=2, time_budget_s=None, seed=0, workers=1,
-                       pool_layout="shared", layout_rounds=2, byte_planner=True)
-    polished = []
-
-    def polish(plan):   # the last candidate polished comes out fastest
-        polished.append(plan)
-        return dataclasses.replace(plan, prediction=dataclasses.replace(
-            plan.prediction, step_time_s=1.0 / len(polished)))
-
-    res = ga_plan(g, budget, SPEC, config=cfg, polish=polish)
-    planners = [p.planner for p in polished]
-    # The genetic search's best, then the byte planner's plans (each rule's, each
-    # distinct plan once).
-    assert planners[0] == PLANNER_NAME and set(planners[1:]) == {"bytes.shared"}
-    byte_plans = [(p.schedule, p.swaps) for p in polished[1:]]
-    assert len(set(byte_plans)) == len(byte_plans) >= 1
-    assert res.plan.prediction.step_time_s == 1.0 / len(polished)
-    assert res.plan.swaps == polished[-1].swaps and res.plan.planner == BYTES_PLANNER_NAME
-
-
-def test_parameters_starting_on_the_host_leave_the_shared_search_to_the_class_planner():
-    # The byte planner keeps parameters on the device; with parameters that start
-    # the step on the host its plans would be wrong, so the search never takes one.
-    g = layered_training_step(120, seed=2)
-    peak = baselines.ideal(g, 1, SPEC).prediction.peak_bytes
-    cfg = SearchConfig(max_generations=2, time_budget_s=None, seed=0, workers=1,
-                       pool_layout="shared", layout_rounds=2, byte_planner=True)
-    res = ga_plan(g, int(peak * 0.6), SPEC, config=cfg, params_start_on_host=True)
-    assert res.plan.planner == PLANNER_NAME
-    assert simulate(g, res.plan, SPEC).step_time_s == res.plan.prediction.step_time_s
-
-
-def test_the_byte_planner_is_tried_only_when_asked(step):
-    g, peak = step
-    cfg = SearchConfig(max_generations=3, time_budget_s=None, seed=0, workers=1,
-                       pool_layout="shared", layout_rounds=2)
-    assert cfg.byte_planner is False
-    assert ga_plan(g, int(peak * 0.6), SPEC, config=cfg).plan.planner == PLANNER_NAME
-    with pytest.raises(ValueError, match="byte_planner must be True or False"):
-        SearchConfig(byte_planner="yes")
 
 
 def _slow_link():

@@ -241,3 +241,15 @@ def test_softmax_select_distinct_and_infeasible_last():
         ge.softmax_select(times, 6, rng)
     with pytest.raises(ValueError, match="temperature"):
         ge.softmax_select(times, 2, rng, temperature=0)
+
+
+def test_feasible_individuals_whose_chance_underflows_survive_before_infeasible_ones():
+    # On a slow link times differ by orders of magnitude: at the search's
+    # temperature eq. 1 gives the slow ones a probability of exactly 0.
+    rng = np.random.default_rng(0)
+    times = np.array([1.0, 400.0, np.inf, 900.0, 1.1])
+    p = ge.selection_probabilities(times, temperature=0.05)
+    assert (p[[1, 3]] == 0).all()
+    assert sorted(ge.softmax_select(times, 3, rng, temperature=0.05).tolist()) == [0, 1, 4]
+    got = ge.softmax_select(times, 5, rng, temperature=0.05)
+    assert got.tolist()[:4] == [0, 4, 1, 3] and got[4] == 2

@@ -88,7 +88,7 @@ def _switching(first, other):
 def test_a_switch_mid_training_changes_nothing_in_the_results(step):
     s, budget = step
     first = _optimize(s, budget)
-    other = _optimize(s, budget, pool_layout="disjoint")
+    other = _optimize(s, budget, planner="swapadvisor")
     assert other.plan.id != first.plan.id
     fast, release = _switching(first, other)
     switches = []
@@ -120,7 +120,7 @@ def test_the_plan_switched_from_is_released(step):
 
     def start():
         first = _optimize(s, budget)
-        other = _optimize(s, budget, pool_layout="disjoint")
+        other = _optimize(s, budget, planner="swapadvisor")
         fast, release = _switching(first, other)
         return fast, release, weakref.ref(first.bound), weakref.ref(first)
 
@@ -174,7 +174,7 @@ def test_a_background_plan_measured_over_the_budget_is_never_used(step, monkeypa
 def test_a_stopped_search_ends_before_its_verification_and_switches_nothing(step):
     s, budget = step
     first = _optimize(s, budget)
-    other = _optimize(s, budget, pool_layout="disjoint")
+    other = _optimize(s, budget, planner="swapadvisor")
     fast, release = _switching(first, other)
     fast.stop()
     release.set()

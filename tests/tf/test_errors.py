@@ -52,10 +52,10 @@ def test_unusable_budgets_are_refused_before_any_work(mlp, budget, needle):
         tfswap.optimize(cf, budget, generations=1, workers=1)
 
 
-def test_unknown_pool_layout_is_refused_before_any_work(mlp):
+def test_unknown_planner_is_refused_before_any_work(mlp):
     cf, _ = mlp
-    with pytest.raises(ValueError, match="pool_layout must be one of"):
-        tfswap.optimize(cf, 0.5, pool_layout="packed", generations=1, workers=1)
+    with pytest.raises(ValueError, match="planner must be one of the registered planners"):
+        tfswap.optimize(cf, 0.5, planner="packed", generations=1, workers=1)
 
 
 def test_budget_below_the_working_set_names_the_op_its_bytes_and_the_minimum(mlp):

@@ -37,8 +37,10 @@ allocator without fragmentation, more generous than any real one and than
 the model tfswap's own plans are held to (their size-class pool must fit).
 With ``memory="pool"`` the pool the plan carries must fit the budget (one
 class per size cannot share memory across sizes, so this is harsher than
-TensorFlow's BFC allocator).  ``odswap`` always plans within a pool repaired
-to the budget, as tfswap does.
+TensorFlow's BFC allocator).  With ``memory="shared"`` the pool's objects
+that are never busy together share memory (:mod:`tfswap.core.layout`), and
+that arena must fit: what tfswap's runtime runs by default.  ``odswap``
+always plans within a pool repaired to the budget, as tfswap does.
 
 Example::
 
@@ -60,6 +62,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tfswap.core import layout
 from tfswap.core import planner as planner_mod
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec, check_planner_arguments
@@ -72,7 +75,7 @@ from tfswap.core.simulator import PlanError, SimResult, run_program
 
 UNLIMITED = 1 << 62
 CONV_PREFIXES = ("Conv", "FusedConv", "DepthwiseConv", "FusedDepthwiseConv")
-MEMORY_MODELS = ("pool", "live")
+MEMORY_MODELS = ("pool", "live", "shared")
 
 
 class _Setting:
@@ -103,7 +106,13 @@ class _Setting:
         return self.graph.ops[int(self.order[k])].phase
 
     def simulate(self, prog: Program) -> SimResult:
-        return run_program(self.cg, prog, self.pool, self.spec)
+        return run_program(self.cg, prog, self.pool, self.spec, events=self.memory == "shared")
+
+    def used_pool(self, result: SimResult) -> Allocation:
+        """The pool ``result`` used: its objects (laid out shared with ``memory="shared"``)."""
+        pool = Allocation(self.pool.class_bytes, result.class_peak_objects,
+                          self.pool.small_pool_bytes, self.pool.small_threshold_bytes)
+        return layout.shared_layout(result, pool) if self.memory == "shared" else pool
 
     def program(self, outs, ins, recomputes=(), op_waits=()) -> Program:
         return canonical(self.order, self.resident, outs, ins, op_waits, recomputes)
@@ -111,14 +120,14 @@ class _Setting:
     def plan(self, prog: Program, result: SimResult, name: str) -> Plan:
         """The Plan of ``prog``, with the pool its simulation used."""
         swaps, resident = to_plan_swaps(self.cg, prog)
-        pool = Allocation(self.pool.class_bytes, result.class_peak_objects,
-                          self.pool.small_pool_bytes, self.pool.small_threshold_bytes)
-        return _plan(self, swaps, resident, pool, result, name)
+        return _plan(self, swaps, resident, self.used_pool(result), result, name)
 
     def need(self, result: SimResult) -> int:
         """Bytes the plan needs under this memory model."""
         if self.memory == "live":
             return result.peak_bytes
+        if self.memory == "shared":
+            return self.used_pool(result).total_bytes
         return self.pool.small_pool_bytes + int(np.dot(
             np.asarray(self.pool.class_bytes, dtype=np.int64),
             np.asarray(result.class_peak_objects, dtype=np.int64)))
@@ -370,10 +379,12 @@ def tflms(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     return s.plan(prog, result, f"baseline.tflms(N={n},K={k})")
 
 
-def _capuchin_choice(s: _Setting, target: int, recompute: bool, swap: bool = True):
+def _capuchin_choice(s: _Setting, target: int, recompute: bool, swap: bool = True,
+                     recomputable=None):
     """Swaps and recomputations chosen against the live-bytes profile (no swaps) for
     ``target`` bytes: (outs, ins, recomputes, op waits).  ``swap`` False:
-    recomputations only."""
+    recomputations only.  ``recomputable``: names of the ops that may run again
+    (None: every op)."""
     cg = s.cg
     n = len(s.order)
     istart, iend = np.asarray(s.istart), np.asarray(s.iend)
@@ -442,7 +453,8 @@ def _capuchin_choice(s: _Setting, target: int, recompute: bool, swap: bool = Tru
         rec = []
         for ft, b, a, c, q, p in swaps:
             o = producer.get(b)
-            if o is None or cg.op_time[o] <= 0:
+            if o is None or cg.op_time[o] <= 0 or (
+                    recomputable is not None and s.graph.ops[o].name not in recomputable):
                 continue
             ins_o = cg.op_in[cg.op_in_ptr[o]:cg.op_in_ptr[o + 1]].tolist()
             if all(cg.buf_persistent[x] or (s.uses[x] and s.uses[x][0] <= c <= s.uses[x][-1])
@@ -492,7 +504,7 @@ def capuchin(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
 def recompute_only(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
                    schedule: Sequence[str] | None = None, keep: Sequence[str] = (),
                    compiled: CompiledGraph | None = None, small_threshold_bytes: int = 1 << 20,
-                   rounds: int = 6, memory: str = "live") -> Plan:
+                   rounds: int = 6, memory: str = "live", recomputable=None) -> Plan:
     """Recomputation alone, nothing crosses the link: what activation
     checkpointing and greedy rematerialization give.  Capuchin's recomputation
     without its swaps: an activation is dropped after its use before the
@@ -501,6 +513,8 @@ def recompute_only(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     ranked by memory saved per second of compute, each added while the live
     bytes still exceed the budget somewhere; a too-high simulated peak lowers
     the target (``rounds`` times at most), as in :func:`capuchin`.
+    ``recomputable``: names of the ops that may run again (None: every op, as
+    the published comparisons assume).
 
     Example::
 
@@ -510,7 +524,8 @@ def recompute_only(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     s = _Setting(graph, budget_bytes, spec, schedule, keep, compiled, small_threshold_bytes,
                  memory)
     return _lowered_targets(s, "recompute", rounds,
-                            lambda target: _capuchin_choice(s, target, True, swap=False))
+                            lambda target: _capuchin_choice(s, target, True, swap=False,
+                                                            recomputable=recomputable))
 
 
 def _lowered_targets(s: _Setting, name: str, rounds: int, choose) -> Plan:

@@ -246,12 +246,19 @@ def softmax_select(times: np.ndarray, k: int, rng: np.random.Generator,
     best = float(np.min(times[finite])) if best_time is None and finite.any() else best_time
     if best is None or not np.isfinite(best) or best <= 0:
         return rng.choice(len(times), size=k, replace=False)
-    n_feasible = int(finite.sum())
-    if n_feasible >= k:
-        return rng.choice(len(times), size=k, replace=False,
-                          p=selection_probabilities(times, best, temperature))
-    chosen = np.flatnonzero(finite)
-    rest = rng.choice(np.flatnonzero(~finite), size=k - n_feasible, replace=False)
+    p = selection_probabilities(times, best, temperature)
+    positive = p > 0
+    if int(positive.sum()) >= k:
+        return rng.choice(len(times), size=k, replace=False, p=p)
+    # Too few with a chance: every one that has it survives, then feasible ones
+    # whose chance underflowed to 0 (far slower than the best: a slow link makes
+    # times differ by orders of magnitude), fastest first, then infeasible ones.
+    chosen = np.flatnonzero(positive)
+    slow = np.flatnonzero(finite & ~positive)
+    chosen = np.concatenate([chosen, slow[np.argsort(times[slow], kind="stable")]])[:k]
+    if len(chosen) == k:
+        return chosen
+    rest = rng.choice(np.flatnonzero(~finite), size=k - len(chosen), replace=False)
     return np.concatenate([chosen, rest])
 
 

@@ -32,4 +32,9 @@ class InfeasibleAllocation(Infeasible):
     """An op needs more objects of a size class (or bytes) than the pool has."""
 
 
-__all__ = ["Infeasible", "InfeasibleAllocation"]
+class UnsupportedProblem(Exception):
+    """The planner cannot express this problem (e.g. parameters that start on the
+    host, for a planner that keeps every parameter on the device)."""
+
+
+__all__ = ["Infeasible", "InfeasibleAllocation", "UnsupportedProblem"]

@@ -33,28 +33,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tfswap.core import baselines, byte_planner, search
+from tfswap.core import baselines, best_of, byte_planner, search
 from tfswap.core.devices import DeviceSpec
-from tfswap.core.infeasible import Infeasible
+from tfswap.core.infeasible import Infeasible, UnsupportedProblem
 from tfswap.core.plan import Plan
 from tfswap.core.planner import plan_swaps
 from tfswap.core.problem import Problem
 from tfswap.core.recompute import with_recomputes
 
 
+DEFAULT_PLANNER = "tfswap"
+RECOMPUTE_PLANNER = "tfswap.recompute"
+LAYOUTS = search.POOL_LAYOUTS
+
+
 @dataclass(frozen=True)
 class PlanResult:
-    """A planner's plan; ``search``: the genetic search's history where one ran."""
+    """A planner's plan; ``search``: the genetic search's history where one ran;
+    ``candidates``: a composed planner's planners, each with its predicted step
+    time or why it planned nothing (:class:`tfswap.core.best_of.Candidate`)."""
     plan: Plan
     search: search.SearchResult | None = None
+    candidates: tuple[best_of.Candidate, ...] = ()
 
 
 Planner = Callable[..., PlanResult]
 PLANNERS: dict[str, Planner] = {}
-
-
-class UnsupportedProblem(Exception):
-    """The planner cannot express this problem (e.g. parameters that start on the host)."""
 
 
 def register(name: str) -> Callable[[Planner], Planner]:
@@ -112,17 +116,64 @@ def _host_parameters_unsupported(problem: Problem, name: str) -> None:
             "parameters start the step in host memory; use 'tfswap.ga' or 'tfswap.order'")
 
 
+@register(DEFAULT_PLANNER)
+def default(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
+            config: search.SearchConfig = search.SearchConfig(),
+            layout: str = "shared") -> PlanResult:
+    """The plan users get: the fastest, as simulated, of every planner tfswap has.
+
+    In turn (a :class:`tfswap.core.best_of.Contest`):
+
+    * the genetic search (``config``, its pool laid out ``layout``: "shared"
+      or "disjoint", :data:`LAYOUTS`), its plan given the recomputation pass;
+    * with the shared layout, the byte-cap planner on TF's order and on the
+      search's best schedule, each variant given the pass
+      (:func:`tfswap.core.best_of.byte_planned`; its arena is a shared one);
+    * the swap planner on TF's order with one size class per size
+      (``tfswap.order``);
+    * recomputation alone (``tfswap.recompute``), where the problem names
+      ops that may run again.
+
+    The search's first generation holds TF's order with the default pool,
+    which is ``tfswap.order``'s plan, and every other planner plans TF's
+    order or the search's own best, so the search starts from what the
+    others start from; the contest then makes "never slower than any of
+    them" exact.  Each planner's outcome is in ``candidates``.  Raises
+    :class:`Infeasible` when none plans.
+
+    Example::
+
+        result = run("tfswap", problem, 8 << 30, spec)
+        result.plan.planner, [c.describe() for c in result.candidates]
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    contest = best_of.Contest()
+    searched = contest.enter(search.PLANNER_NAME, lambda: genetic(
+        problem, budget_bytes, spec, config=dataclasses.replace(config, pool_layout=layout)))
+    if layout == "shared":
+        schedules = [problem.schedule] + ([searched.plan.schedule] if searched else [])
+        contest.enter(search.BYTES_PLANNER_NAME, lambda: PlanResult(dataclasses.replace(
+            best_of.byte_planned(problem, budget_bytes, spec, schedules,
+                                 polish=lambda plan: with_recomputes(problem, plan, spec,
+                                                                     budget_bytes)),
+            planner=search.BYTES_PLANNER_NAME)))
+    contest.enter("tfswap.order", lambda: order(problem, budget_bytes, spec))
+    if problem.recomputable:
+        contest.enter(RECOMPUTE_PLANNER,
+                      lambda: recompute_alone(problem, budget_bytes, spec, layout=layout))
+    won = contest.winner()
+    return PlanResult(won.plan, searched.search if searched else None, contest.candidates)
+
+
 @register(search.PLANNER_NAME)
 def genetic(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
             config: search.SearchConfig = search.SearchConfig(),
             recency_margin_s: float = 0.0, recompute: bool = True) -> PlanResult:
     """SwapAdvisor's search over schedules and pools, starting from TF's order;
-    with ``recompute``, the byte-cap planner it also tries (``config.byte_planner``)
-    drops and makes again what is cheaper to make again than to move, and the
-    plan's round trips that are cheaper to compute again are made
-    recomputations (:func:`tfswap.core.recompute.with_recomputes`), for the ops
-    ``problem.recomputable`` names."""
-    # The pass runs on every candidate, not only on the fastest before it.
+    with ``recompute``, the plan's round trips that are cheaper to compute
+    again are made recomputations (:func:`tfswap.core.recompute.with_recomputes`),
+    for the ops ``problem.recomputable`` names."""
     polish = (lambda plan: with_recomputes(problem, plan, spec, budget_bytes)) \
         if recompute else None
     res = search.plan(problem.graph, budget_bytes, spec, config=config,
@@ -130,8 +181,7 @@ def genetic(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
                       recency_margin_s=recency_margin_s,
                       params_start_on_host=problem.params_start_on_host,
                       small_threshold_bytes=problem.small_threshold_bytes,
-                      compiled=problem.compiled,
-                      recomputable=problem.recomputable if recompute else (), polish=polish)
+                      compiled=problem.compiled, polish=polish)
     return PlanResult(res.plan, res)
 
 
@@ -141,26 +191,16 @@ def swapadvisor(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
     """The genetic search as published: every pool object has memory of its own,
     swaps only."""
     return genetic(problem, budget_bytes, spec,
-                   config=dataclasses.replace(config, pool_layout="disjoint",
-                                              byte_planner=False), recompute=False)
-
-
-@register("tfswap")
-def tfswap_search(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
-                  config: search.SearchConfig = search.SearchConfig()) -> PlanResult:
-    """The genetic search with a shared pool, also trying the byte-cap planner."""
-    return genetic(problem, budget_bytes, spec,
-                   config=dataclasses.replace(config, pool_layout="shared", byte_planner=True))
+                   config=dataclasses.replace(config, pool_layout="disjoint"), recompute=False)
 
 
 @register("tfswap.swaps")
 def tfswap_swaps(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
                  config: search.SearchConfig = search.SearchConfig()) -> PlanResult:
-    """The "tfswap" search, swaps only (no recomputation): its column beside the
-    hybrid's in the comparisons."""
+    """The genetic search with a shared pool, swaps only (no recomputation): its
+    column beside the default's in the comparisons."""
     return genetic(problem, budget_bytes, spec,
-                   config=dataclasses.replace(config, pool_layout="shared", byte_planner=True),
-                   recompute=False)
+                   config=dataclasses.replace(config, pool_layout="shared"), recompute=False)
 
 
 @register("tfswap.order")
@@ -186,6 +226,24 @@ def bytes_cap(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
     return PlanResult(dataclasses.replace(plan, planner=search.BYTES_PLANNER_NAME))
 
 
+@register(RECOMPUTE_PLANNER)
+def recompute_alone(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
+                    layout: str = "shared") -> PlanResult:
+    """Recomputation alone (:func:`tfswap.core.baselines.recompute_only`) of the ops
+    ``problem.recomputable`` names, its pool laid out ``layout`` ("shared" or
+    "disjoint") within the budget: the baseline held to what tfswap's runtime
+    runs."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    _host_parameters_unsupported(problem, RECOMPUTE_PLANNER)
+    plan = baselines.recompute_only(problem.graph, budget_bytes, spec,
+                                    schedule=problem.schedule, keep=problem.keep,
+                                    compiled=problem.compiled,
+                                    memory="shared" if layout == "shared" else "pool",
+                                    recomputable=problem.recomputable)
+    return PlanResult(dataclasses.replace(plan, planner=RECOMPUTE_PLANNER))
+
+
 def _baseline(name: str, policy: Callable[..., Plan]) -> Planner:
     def planner(problem: Problem, budget_bytes: int, spec: DeviceSpec,
                 **options: Any) -> PlanResult:
@@ -202,5 +260,6 @@ for _name, _policy in baselines.BASELINES.items():
 
 BASELINE_NAMES = tuple(baselines.BASELINES)
 
-__all__ = ["BASELINE_NAMES", "Infeasible", "PLANNERS", "PlanResult", "Planner",
-           "UnsupportedProblem", "fit_to_budget", "get", "register", "run"]
+__all__ = ["BASELINE_NAMES", "DEFAULT_PLANNER", "Infeasible", "LAYOUTS", "PLANNERS",
+           "PlanResult", "Planner", "RECOMPUTE_PLANNER", "UnsupportedProblem", "default",
+           "fit_to_budget", "get", "register", "run"]

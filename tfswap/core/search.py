@@ -360,17 +360,15 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
          config: SearchConfig = SearchConfig(), initial_schedule: Sequence[str] | None = None,
          keep: Sequence[str] = (), recency_margin_s: float = 0.0,
          params_start_on_host: bool = False, small_threshold_bytes: int = 1 << 20,
-         compiled: CompiledGraph | None = None, recomputable=(), polish=None) -> SearchResult:
+         compiled: CompiledGraph | None = None, polish=None) -> SearchResult:
     """Search schedules and allocations for ``graph`` under ``budget_bytes`` on ``spec``.
 
     ``initial_schedule``: TF's default (executed) order, op names; None: the
     graph's topological order.  ``keep``, ``recency_margin_s``,
     ``params_start_on_host``, ``small_threshold_bytes`` and ``compiled`` mean
-    what they mean for :func:`~tfswap.core.planner.plan_swaps`.  ``recomputable``:
-    the ops the byte-cap planner tried beside a shared pool's search may run
-    again (its plans then recompute what is cheaper to make again than to
-    move).  ``polish(plan) -> plan``: a pass applied to each finished
-    candidate before the fastest is chosen (the recomputation pass).  Returns the
+    what they mean for :func:`~tfswap.core.planner.plan_swaps`.
+    ``polish(plan) -> plan``: a pass applied to the finished plan (the
+    recomputation pass).  Returns the
     best individual's Plan (``planner="tfswap.ga"``), its Evaluation and the
     history (Fig. 9's best/mean/worst per generation).  Raises
     :class:`~tfswap.core.infeasible.Infeasible` when no individual fits the budget.
@@ -391,7 +389,7 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
                          "CompiledGraph.build(graph, ...) of this graph")
     if config.pool_layout == "shared":
         return shared_search.search_shared(_search, graph, budget_bytes, spec, config, compiled,
-                              recomputable=recomputable, polish=polish,
+                              polish=polish,
                               initial_schedule=initial_schedule, keep=keep,
                               recency_margin_s=recency_margin_s,
                               params_start_on_host=params_start_on_host,

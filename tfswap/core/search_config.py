@@ -20,7 +20,7 @@ from tfswap.core.plan import Plan
 MODES = ("joint", "schedule", "allocation")
 POOL_LAYOUTS = ("disjoint", "shared")
 PLANNER_NAME = "tfswap.ga"
-# The shared search's other candidate (tfswap.core.byte_planner), when it is faster.
+# The byte-cap planner (tfswap.core.byte_planner) as registered.
 BYTES_PLANNER_NAME = "tfswap.bytes"
 
 
@@ -56,11 +56,8 @@ class SearchConfig:
     the search ends with the best plan so far (``stopped_because``
     "stopped"): a search running in the background while the step trains
     on an earlier plan (:mod:`tfswap.anytime`) is ended this way.
-    ``byte_planner``: with the shared layout, also plan TF's order and the
-    search's best schedule with :mod:`tfswap.core.byte_planner` (evicts across
-    size classes under a byte cap) and keep the faster plan whose arena fits.
-    Off here (the genetic search alone, as registered ``tfswap.ga``);
-    ``tfswap.optimize`` turns it on by default (the ``tfswap`` planner).
+    The search is one planner among tfswap's; the plan users get is the
+    fastest of them all (:mod:`tfswap.core.best_of`, registered ``tfswap``).
     """
 
     population_size: int = 32
@@ -79,7 +76,6 @@ class SearchConfig:
     progress: bool = False
     pool_layout: str = "disjoint"
     layout_rounds: int = 5
-    byte_planner: bool = False
     stop_when: Callable[[], bool] | None = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -116,9 +112,6 @@ class SearchConfig:
             raise ValueError("SearchConfig: set at least one of time_budget_s, max_generations "
                              "and patience, or the search never stops")
         positive_int("layout_rounds", self.layout_rounds)
-        if not isinstance(self.byte_planner, bool):
-            raise ValueError(f"SearchConfig.byte_planner must be True or False, got "
-                             f"{self.byte_planner!r}")
         if self.pool_layout not in POOL_LAYOUTS:
             raise ValueError(f"SearchConfig.pool_layout must be one of {POOL_LAYOUTS}, got "
                              f"{self.pool_layout!r}")

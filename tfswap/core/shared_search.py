@@ -1,11 +1,11 @@
-"""The genetic search for a shared pool layout, and the byte-cap planner beside it.
+"""The genetic search for a shared pool layout.
 
 With ``SearchConfig(pool_layout="shared")`` pool objects that are never busy
 together share memory (:mod:`tfswap.core.layout`), so the arena a searched
 plan needs is well below its pool.  :func:`search_shared` repeats the
 disjoint search for larger pools until the fastest plan whose arena fits
-the budget is found, and (``byte_planner=True``) compares it with the
-byte-cap planner's plans.
+the budget is found.  (The byte-cap planner's plans are compared with it by
+the default planner, :mod:`tfswap.core.best_of`.)
 
 Example::
 
@@ -17,23 +17,13 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from tfswap.core import byte_planner, layout, simulator
+from tfswap.core import layout, simulator
 from tfswap.core.infeasible import Infeasible
-from tfswap.core.native import Evaluation
-from tfswap.core.plan import Plan
-from tfswap.core.program import from_plan
-from tfswap.core.search_config import BYTES_PLANNER_NAME, SearchResult
+from tfswap.core.search_config import SearchResult
 
 
-# The byte-cap planner's prefetch rule, tried each way: as early as memory
-# allows (None), and no earlier than 4 copy times before the reader, which
-# leaves the early bytes to the buffers it makes again instead (BERT-base b64 on
-# the simulated V100: 0.816 of ideal against 0.793 after the recomputation pass).
-BYTE_LOOKAHEADS = (None, 4.0)
-
-
-def search_shared(search, graph, budget_bytes, spec, config, cg, recomputable=(),
-                  polish=None, **options) -> SearchResult:
+def search_shared(search, graph, budget_bytes, spec, config, cg, polish=None,
+                  **options) -> SearchResult:
     """Searches for pools of ``f x budget_bytes`` and lays each best plan out shared.
 
     The shared arena of a plan searched for a disjoint pool of ``P`` bytes is
@@ -45,12 +35,9 @@ def search_shared(search, graph, budget_bytes, spec, config, cg, recomputable=()
 
     ``search(graph, pool_bytes, spec, config, cg, **options)``: the genetic search
     for a disjoint pool (:func:`tfswap.core.search.plan`'s own), passed in so that
-    this module does not import the one that calls it.  ``recomputable``: the
-    ops the byte-cap planner may run again (:func:`tfswap.core.byte_planner.plan`).
-    ``polish(plan) -> plan``: a pass that improves a finished plan (the
-    recomputation pass, :func:`tfswap.core.recompute.with_recomputes`), applied
-    to every candidate before the fastest is chosen, since the candidate that
-    is fastest before the pass need not be after it.
+    this module does not import the one that calls it.  ``polish(plan) -> plan``:
+    a pass that improves the finished plan (the recomputation pass,
+    :func:`tfswap.core.recompute.with_recomputes`).
     """
     polish = polish or (lambda plan: plan)
 
@@ -101,79 +88,10 @@ def search_shared(search, graph, budget_bytes, spec, config, cg, recomputable=()
         if hi / lo < 1.02:
             break
         f = proposal
-    if best is not None:
-        res, shared = best
-        best = (res, shared, polish(replace(res.plan, allocation=shared,
-                                            budget_bytes=int(budget_bytes))))
-    schedules = [options["initial_schedule"]] + ([best[0].plan.schedule] if best else [])
-    by_bytes = _byte_planned(graph, budget_bytes, spec, cg, schedules, options, recomputable,
-                             polish) if config.byte_planner else None
-    if best is None and by_bytes is None:
+    if best is None:
         raise Infeasible(f"no plan's shared pool fits the budget of {budget_bytes} bytes; "
                          "raise the memory budget")
-    if by_bytes is not None and (best is None or by_bytes.prediction.step_time_s
-                                 < best[2].prediction.step_time_s):
-        return replace(_byte_result(by_bytes, cg, spec, config, generations, evaluations,
-                                    heuristic, best[0] if best else None), pool_rounds=searched)
-    res, _, planned = best
+    res, shared = best
+    planned = polish(replace(res.plan, allocation=shared, budget_bytes=int(budget_bytes)))
     return replace(res, plan=planned, generations=generations, evaluations=evaluations,
                    heuristic_time_s=heuristic, config=config, pool_rounds=searched)
-
-
-def _byte_result(plan: Plan, cg, spec, config, generations, evaluations, heuristic,
-                 beaten: SearchResult | None) -> SearchResult:
-    """A SearchResult for a byte-planned ``plan``: its evaluation from the simulator,
-    the history and stopping reason of the genetic search it ``beaten`` (None: no
-    pool of that search fitted)."""
-    prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
-    sim = simulator.run_program(cg, prog, plan.allocation, spec)
-    ev = Evaluation(feasible=True, step_time_s=sim.step_time_s, ideal_time_s=sim.ideal_time_s,
-                    stall_s=sim.stall_s, peak_bytes=sim.peak_bytes, h2d_bytes=sim.h2d_bytes,
-                    d2h_bytes=sim.d2h_bytes, n_swap_outs=sum(o.copy for o in prog.outs),
-                    n_swap_ins=len(prog.ins), passes=1,
-                    class_peak_objects=sim.class_peak_objects, program=prog)
-    return SearchResult(plan=replace(plan, planner=BYTES_PLANNER_NAME), best_evaluation=ev,
-                        history=beaten.history if beaten else (), heuristic_time_s=heuristic,
-                        generations=generations, evaluations=evaluations,
-                        stopped_because=beaten.stopped_because if beaten else
-                        "no shared pool of the genetic search fitted", config=config)
-
-
-def _byte_planned(graph, budget_bytes, spec, cg, schedules, options,
-                  recomputable=(), polish=lambda plan: plan) -> Plan | None:
-    """The fastest plan of :mod:`tfswap.core.byte_planner` on ``schedules`` (each
-    way of :data:`BYTE_LOOKAHEADS`, each variant ``polish``-ed) whose shared
-    arena fits, or None.
-
-    The class planner evicts within a size class; with a shared arena what must
-    fit is bytes, and on steps several times the device (Inception-V3 at batch
-    512 on a 16 GiB V100) evicting across classes moves far less.  That planner
-    keeps every parameter on the device, so it is not tried when parameters
-    start the step in host memory.
-    """
-    if options["params_start_on_host"] and any(
-            cg.buf_persistent[b] and not cg.buf_pinned[b] for b in range(cg.n_buffers)):
-        return None
-    best, seen, polished = None, set(), set()
-    for schedule in schedules:
-        order = cg.order_of(schedule).tobytes()
-        if order in seen:    # the search's best schedule can be TF's order itself
-            continue
-        seen.add(order)
-        for lookahead in BYTE_LOOKAHEADS:
-            try:
-                found = byte_planner.variants(graph, budget_bytes, spec, schedule=schedule,
-                                              compiled=cg, memory="shared", lookahead=lookahead,
-                                              recomputable=recomputable)
-            except Infeasible:
-                continue
-            for plan in found:
-                # The prefetch rules often agree (ResNet-50 b256: 4 distinct plans of 6),
-                # and the pass costs many simulations: each plan is polished once.
-                if (plan.schedule, plan.swaps) in polished:
-                    continue
-                polished.add((plan.schedule, plan.swaps))
-                got = polish(plan)
-                if best is None or got.prediction.step_time_s < best.prediction.step_time_s:
-                    best = got
-    return best

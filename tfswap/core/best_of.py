@@ -1,0 +1,156 @@
+"""Composing planners: the fastest plan of several, each one's outcome kept.
+
+The plan a user gets (the registered ``tfswap`` planner,
+:func:`tfswap.core.planners.default`) is the fastest, as simulated, of every
+planner tfswap has.  A :class:`Contest` runs the planners one after the
+other, records each one's predicted step time or why it planned nothing
+(:class:`Candidate`, shown in the report), and keeps the fastest plan; a
+later planner may start from an earlier one's result (the byte-cap planner
+plans the genetic search's best schedule too).
+
+Example::
+
+    contest = Contest()
+    contest.enter("tfswap.order", lambda: planners.run("tfswap.order", problem, budget, spec))
+    contest.enter("tfswap.bytes", lambda: planners.run("tfswap.bytes", problem, budget, spec))
+    result = contest.winner()          # Infeasible if neither planned
+    [c.describe() for c in contest.candidates]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tfswap.core import byte_planner
+from tfswap.core.devices import DeviceSpec
+from tfswap.core.infeasible import Infeasible, UnsupportedProblem
+from tfswap.core.plan import Plan
+from tfswap.core.problem import Problem
+
+# The byte-cap planner's prefetch rule, tried each way: as early as memory
+# allows (None), and no earlier than 4 copy times before the reader, which
+# leaves the early bytes to the buffers it makes again instead (BERT-base b64 on
+# the simulated V100: 0.816 of ideal against 0.793 after the recomputation pass).
+BYTE_LOOKAHEADS = (None, 4.0)
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One planner's outcome in a :class:`Contest`: its plan's predicted step time
+    in seconds, or (``step_time_s`` None) why it planned nothing."""
+    planner: str
+    step_time_s: float | None
+    why_not: str = ""
+    chosen: bool = False
+
+    def describe(self) -> str:
+        if self.step_time_s is None:
+            return f"{self.planner}: {self.why_not}"
+        return f"{self.planner} {self.step_time_s * 1e3:.4g} ms" + \
+            (" (chosen)" if self.chosen else "")
+
+
+class Contest:
+    """Planners run one after the other; the fastest plan is kept.
+
+    ``enter(name, run)`` calls ``run()`` (which returns an object with a
+    ``plan``), records the outcome and returns the result, or None where the
+    planner raised :class:`Infeasible` or :class:`UnsupportedProblem`.  A tie
+    keeps the earlier entrant.
+    """
+
+    def __init__(self):
+        self._entries: list[tuple[str, object | None, Exception | None]] = []
+        self._best: int | None = None
+
+    def enter(self, name: str, run: Callable[[], R]) -> R | None:
+        try:
+            result = run()
+        except (Infeasible, UnsupportedProblem) as err:
+            self._entries.append((name, None, err))
+            return None
+        self._entries.append((name, result, None))
+        best = self._best
+        if best is None or _time(result) < _time(self._entries[best][1]):
+            self._best = len(self._entries) - 1
+        return result
+
+    @property
+    def candidates(self) -> tuple[Candidate, ...]:
+        return tuple(Candidate(name, _time(result), why_not=_why_not(err), chosen=k == self._best)
+                     if result is not None else Candidate(name, None, why_not=_why_not(err))
+                     for k, (name, result, err) in enumerate(self._entries))
+
+    def winner(self):
+        """The fastest result; raises :class:`Infeasible` (the smallest need any
+        planner named) when none planned."""
+        if self._best is not None:
+            return self._entries[self._best][1]
+        errors = [err for _, _, err in self._entries]
+        needs = [e.need_bytes for e in errors if isinstance(e, Infeasible) and e.need_bytes]
+        reasons = "; ".join(f"{name}: {err}" for name, _, err in self._entries)
+        raise Infeasible(f"no planner found a plan within the budget ({reasons})",
+                         need_bytes=min(needs) if needs else None)
+
+
+def _time(result) -> float:
+    return result.plan.prediction.step_time_s
+
+
+def _why_not(err: Exception | None) -> str:
+    if err is None:
+        return ""
+    return "does not fit" if isinstance(err, Infeasible) else f"cannot plan this step ({err})"
+
+
+def byte_planned(problem: Problem, budget_bytes: int, spec: DeviceSpec,
+                 schedules: Sequence[Sequence[str] | None],
+                 polish: Callable[[Plan], Plan] = lambda plan: plan) -> Plan:
+    """The fastest plan of :mod:`tfswap.core.byte_planner` on ``schedules`` (each
+    way of :data:`BYTE_LOOKAHEADS`, each variant ``polish``-ed) whose shared
+    arena fits.  Raises :class:`Infeasible` when none fits and
+    :class:`UnsupportedProblem` when parameters start the step in host memory
+    (that planner keeps every parameter on the device).
+
+    The class planner evicts within a size class; with a shared arena what must
+    fit is bytes, and on steps several times the device (Inception-V3 at batch
+    512 on a 16 GiB V100) evicting across classes moves far less.
+    """
+    cg = problem.compiled
+    if problem.host_parameters:
+        raise UnsupportedProblem("the byte-cap planner keeps every parameter on the device, "
+                                 "and this step's parameters start it in host memory")
+    best, seen, polished = None, set(), set()
+    for schedule in schedules:
+        order = cg.order_of(schedule).tobytes()
+        if order in seen:    # the search's best schedule can be TF's order itself
+            continue
+        seen.add(order)
+        for lookahead in BYTE_LOOKAHEADS:
+            try:
+                found = byte_planner.variants(problem.graph, budget_bytes, spec,
+                                              schedule=schedule, compiled=cg, memory="shared",
+                                              lookahead=lookahead,
+                                              recomputable=problem.recomputable)
+            except Infeasible:
+                continue
+            for plan in found:
+                # The prefetch rules often agree (ResNet-50 b256: 4 distinct plans of 6),
+                # and the pass costs many simulations: each plan is polished once.
+                if (plan.schedule, plan.swaps) in polished:
+                    continue
+                polished.add((plan.schedule, plan.swaps))
+                got = polish(plan)
+                if best is None or got.prediction.step_time_s < best.prediction.step_time_s:
+                    best = got
+    if best is None:
+        raise Infeasible(f"the byte-cap planner found no plan whose shared arena fits "
+                         f"{budget_bytes} bytes")
+    return best
+
+
+__all__ = ["BYTE_LOOKAHEADS", "Candidate", "Contest", "byte_planned"]
