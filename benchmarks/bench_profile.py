@@ -55,7 +55,7 @@ def main():
         ana = profile.analytic(captured, "v100-16g-pcie3")
         ana_s = time.perf_counter() - t0
         low = ir.lower(captured, traced)
-        predicted = low.predicted_peak(low.schedule(traced.executed_order))
+        predicted = low.predicted_peak(low.tf_schedule(traced.executed_order))
         timed = sum(o.source == "isolated" for o in iso.ops)
         free = sum(o.source == "analytic" and (o.type in FREE_OPS or o.type == "Placeholder")
                    for o in iso.ops)

@@ -70,7 +70,7 @@ def test_tensor_bytes_are_shape_times_dtype(lowered):
 
 def test_predicted_device_peak_is_within_10_percent_of_measured(lowered):
     name, _, prof, low = lowered
-    predicted = low.predicted_peak(low.schedule(prof.executed_order))
+    predicted = low.predicted_peak(low.tf_schedule(prof.executed_order))
     measured = prof.peak_bytes
     print(f"\n{name}: device peak measured {measured} B, IR predicted {predicted} B "
           f"({(predicted - measured) / measured:+.2%})")

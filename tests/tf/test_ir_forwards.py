@@ -7,6 +7,7 @@ memory model did not count)."""
 import numpy as np
 import tensorflow as tf
 
+from tfswap.core import liveness
 from tfswap.core.graph import DataflowGraph, Op, Tensor
 from tfswap.core.profile import OpProfile, Profile
 from tfswap.tf import capture, ir
@@ -92,3 +93,72 @@ def test_a_trace_order_that_disagrees_with_the_graph_adds_no_cycle():
     got = {op.name: op.control_inputs for op in kept}
     assert got == {"g": (), "m": ("x",), "r": (), "x": ()}
     DataflowGraph.build(kept, tensors).topological_order()   # raises on a cycle
+
+
+def test_a_reader_of_a_variables_value_runs_before_its_update_even_where_the_trace_ran_it_after():
+    # TF itself ran the update u before r, which still read the old value: TF copied
+    # the variable, and held old and new until r ended (fuzz seeds 5326, 5123 of
+    # 2026-11-27).  A planned step orders r before u; s reads the new value: no edge.
+    ops = [Op("read", "ReadVariableOp"), Op("g", "Relu"),
+           Op("u", "AssignSubVariableOp", inputs=("g:0",)),
+           Op("r", "MatMul", inputs=("read:0",)),
+           Op("later", "ReadVariableOp", control_inputs=("u",)),
+           Op("s", "MatMul", inputs=("later:0",))]
+    tensors = [Tensor("read:0", 64), Tensor("r:0", 64), Tensor("g:0", 64),
+               Tensor("later:0", 64, alias_of="read:0"), Tensor("s:0", 64)]
+    kept, added = ir._updates_after_old_readers(ops, tensors, {"u": "read:0"})
+    got = {op.name: op.control_inputs for op in kept}
+    assert got["u"] == ("r",) and got["s"] == () and got["later"] == ("u",)
+    assert added == {"u": ("r",)}
+    DataflowGraph.build(kept, tensors).topological_order()   # raises on a cycle
+
+
+def test_a_reader_that_needs_the_update_is_not_ordered_before_it():
+    # r reads the old value but also the update's result (through x): an edge r -> u
+    # would close a cycle; none is added.
+    ops = [Op("read", "ReadVariableOp"), Op("g", "Relu"),
+           Op("u", "AssignSubVariableOp", inputs=("g:0",)),
+           Op("x", "Identity", control_inputs=("u",)),
+           Op("r", "AddV2", inputs=("read:0",), control_inputs=("x",))]
+    tensors = [Tensor("read:0", 64), Tensor("g:0", 64), Tensor("x:0", 64), Tensor("r:0", 64)]
+    kept, added = ir._updates_after_old_readers(ops, tensors, {"u": "read:0"})
+    assert {op.name: op.control_inputs for op in kept}["u"] == () and added == {}
+    DataflowGraph.build(kept, tensors).topological_order()
+
+
+def _sgd_step():
+    w = tf.Variable(np.ones((64, 64), np.float32))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = tf.matmul(x, w)
+            loss = tf.reduce_sum(tf.matmul(h, w))
+        dw = tape.gradient(loss, w)
+        w.assign_sub(0.1 * dw)
+        return {"loss": loss}
+
+    return w, capture.capture(step.get_concrete_function(tf.TensorSpec((128, 64), tf.float32)))
+
+
+def test_the_plan_orders_updates_after_old_readers_and_the_unmodified_order_counts_the_copy():
+    # The unmodified step may run the update before a reader of the old weight
+    # (TF's order), copying the variable; planned schedules cannot.
+    w, captured = _sgd_step()
+    nodes = {n.name: n for n in captured.graph_def.node}
+    update = next(n for n in nodes if nodes[n].op == "AssignSubVariableOp")
+    low = ir.lower(captured, Profile(source="analytic", device="/device:CPU:0", ops=[
+        OpProfile(name=n, type=nodes[n].op, time_s=1e-6, source="analytic") for n in nodes]))
+    readers = low.before_updates[update]
+    assert readers and all(r in low.graph.op(update).control_inputs for r in readers)
+    planned = low.schedule()
+    assert all(planned.index(r) < planned.index(update) for r in readers)
+    # TF's order with the update first: the copy (the variable's bytes) is counted.
+    first = [op for op in planned if op not in readers]
+    first = first[:first.index(update) + 1] + list(readers) + first[first.index(update) + 1:]
+    tf_order = low.tf_schedule(first)
+    assert tf_order.index(update) < min(tf_order.index(r) for r in readers)
+    copies = liveness.variable_copies(low.graph, tf_order, low.updates)
+    assert copies == [(tf_order.index(update), 64 * 64 * 4)]
+    assert liveness.variable_copies(low.graph, planned, low.updates) == []
+    assert low.predicted_peak(tf_order) >= low.predicted_peak(planned)

@@ -188,6 +188,7 @@ class LoweredGraph:
     writebacks: dict = field(default_factory=dict)  # host variable's update -> bytes it reads
     host_ops: dict = field(default_factory=dict)    # op computing on the host -> bytes it touches
     recomputable: frozenset = frozenset()           # ops that may run again (tf.recomputable)
+    before_updates: dict = field(default_factory=dict)  # update -> old-value readers put before it
 
     @property
     def folded(self) -> dict:
@@ -201,13 +202,34 @@ class LoweredGraph:
         order = self.graph.order_following(list(observed))
         return [self.graph.ops[i].name for i in order]
 
+    def tf_schedule(self, observed: Sequence[str] | None = None) -> list[str]:
+        """The order the unmodified step runs in: a complete order following
+        ``observed`` (default: the profile's executed order) where only
+        TensorFlow's own edges bind.  The graph's edges that order each
+        in-place variable update after the readers of the old value
+        (``before_updates``) are the plan's, not TensorFlow's: the unmodified
+        step may run an update first and copy the variable
+        (:meth:`predicted_peak` counts that copy)."""
+        if observed is None:
+            observed = self.profile.executed_order if self.profile is not None else ()
+        if not self.before_updates:
+            return self.schedule(observed)
+        g = self.graph
+        ops = [replace(op, outputs=(), control_inputs=tuple(
+            c for c in op.control_inputs if c not in self.before_updates[op.name]))
+            if op.name in self.before_updates else replace(op, outputs=()) for op in g.ops]
+        free = DataflowGraph.build(ops, [replace(t, producer=-1, consumers=())
+                                         for t in g.tensors])
+        return [free.ops[i].name for i in free.order_following(list(observed))]
+
     def predicted_peak(self, schedule: Sequence[str] | None = None) -> int:
-        """Device bytes at the peak of the unmodified step run in ``schedule``:
-        buffers live from producer to last reader (aliases once, scratch while
-        its op runs), fetches and values assigned to variables to the end,
-        every variable, and the copies in-place updates make of variables
-        that are still being read (:func:`tfswap.core.liveness.variable_copies`)."""
-        schedule = self.schedule() if schedule is None else schedule
+        """Device bytes at the peak of the unmodified step run in ``schedule``
+        (default: :meth:`tf_schedule`): buffers live from producer to last
+        reader (aliases once, scratch while its op runs), fetches and values
+        assigned to variables to the end, every variable, and the copies
+        in-place updates make of variables that are still being read
+        (:func:`tfswap.core.liveness.variable_copies`)."""
+        schedule = self.tf_schedule() if schedule is None else schedule
         read = {liveness.buffer_root(self.graph, t) for t in self.resident}
         read_bytes = sum(self.graph.tensor(t).nbytes for t in read)
         curve = liveness.live_bytes(self.graph, schedule, keep=self.fetches + self.assigned,
@@ -626,6 +648,71 @@ def _keep_traced_forwards(ops: list[Op], tensors: list[Tensor],
             if op.name in extra else op for op in ops]
 
 
+def _updates_after_old_readers(ops: list[Op], tensors: list[Tensor],
+                               updates: dict[str, str]) -> tuple[list[Op], dict[str, tuple]]:
+    """``ops`` with an edge from every reader of a variable's value to the
+    variable's in-place update, where the reader does not come after the update
+    anyway; and those edges (update -> readers).
+
+    An update that finds the old value still to be read copies the variable
+    first (TF's copy-on-write) and holds old and new until that reader ends;
+    TensorFlow's own order can do that (an update run before a gradient MatMul
+    still reading the old weight: plans measured a variable's size over their
+    prediction, docs/lab-notes/fuzz.md).  A planned step runs every
+    update after the readers of its old value, so it never copies; the
+    unmodified step runs without these edges, and its prediction counts the
+    copies TF's order makes (:meth:`LoweredGraph.tf_schedule`,
+    :func:`tfswap.core.liveness.variable_copies`).  Each edge is added only
+    where the update does not reach the reader, the edges added so far
+    included, so none closes a cycle.
+    """
+    if not updates:
+        return ops, {}
+    by_name = {t.name: t for t in tensors}
+    readers: dict[str, set[str]] = {}
+    successors: dict[str, set[str]] = {op.name: set() for op in ops}
+    predecessors: dict[str, set[str]] = {op.name: set() for op in ops}
+    for op in ops:
+        for name in op.inputs:
+            readers.setdefault(by_name[name].alias_of or name, set()).add(op.name)
+            producer = name.rpartition(":")[0]
+            if producer in successors:
+                successors[producer].add(op.name)
+                predecessors[op.name].add(producer)
+        for c in op.control_inputs:
+            if c in successors:
+                successors[c].add(op.name)
+                predecessors[op.name].add(c)
+    controls = {op.name: set(op.control_inputs) for op in ops}
+    extra: dict[str, list[str]] = {}
+    for update, value in updates.items():
+        if update not in successors:
+            continue
+        root = by_name[value].alias_of or value
+        old = {r for r in readers.get(root, ()) if r != update and r not in controls[update]}
+        if not old:
+            continue
+        reached, todo = set(), [update]
+        while todo:   # what runs after the update: its readers of the new value
+            for nxt in successors[todo.pop()]:
+                if nxt not in reached:
+                    reached.add(nxt)
+                    todo.append(nxt)
+        needed, todo = set(), [update]
+        while todo:   # what the update waits for already: no edge needed
+            for prev in predecessors[todo.pop()]:
+                if prev not in needed:
+                    needed.add(prev)
+                    todo.append(prev)
+        for r in sorted(old - reached - needed):
+            predecessors[update].add(r)
+            extra.setdefault(update, []).append(r)
+            successors[r].add(update)
+    return ([replace(op, control_inputs=op.control_inputs + tuple(extra[op.name]))
+             if op.name in extra else op for op in ops],
+            {u: tuple(rs) for u, rs in extra.items()})
+
+
 def _reduce(graph: DataflowGraph, tf_graph: tf.Graph, keep_ops: set[str],
             fold_bytes: int) -> tuple[DataflowGraph, dict]:
     order = graph.topological_order()
@@ -785,6 +872,14 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
             updates[op.name] = first_read[handles[0]]
     if profile is not None and profile.source == "trace":
         ops = _keep_traced_forwards(ops, tensors, profile.executed_order, updates)
+    ops, before_updates = _updates_after_old_readers(ops, tensors, updates)
+    # What an update allocated in the profiled run is the copy TF's order made
+    # of its variable (copy-on-write): a planned step makes none (the edges
+    # above), and the unmodified step's prediction counts it as a copy.
+    root_bytes = {u: nbytes[v] for u, v in updates.items()}
+    ops = [replace(op, scratch_bytes=op.scratch_bytes - root_bytes[op.name])
+           if op.name in root_bytes and root_bytes[op.name] and
+           op.scratch_bytes >= root_bytes[op.name] else op for op in ops]
     graph = DataflowGraph.build(ops, tensors)
     if classify:
         graph = kinds_mod.classify(
@@ -812,6 +907,8 @@ def lower(captured: CapturedFunction, profile: Profile | None = None, *, reduce:
         variable_bytes=variable_bytes,
         unprofiled=tuple(n for n in unprofiled if node_map.get(n) == n), profile=profile,
         updates={o: v for o, v in updates.items() if node_map.get(o) == o},
+        before_updates={o: tuple(r for r in rs if node_map.get(r) == r)
+                        for o, rs in before_updates.items() if node_map.get(o) == o},
         assigned=tuple(t for t in assigned if node_map.get(t.rpartition(":")[0]) ==
                        t.rpartition(":")[0]),
         writebacks={o: b for o, b in writebacks.items() if node_map.get(o) == o},
