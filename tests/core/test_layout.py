@@ -117,3 +117,26 @@ def test_without_resident_replaces_a_shared_layout_without_their_memory():
     bound = layout.without_resident(again, shared, _resident(cg, plan))
     assert bound.shared and bound.pool_bytes < shared.pool_bytes
     assert all(o % 256 == 0 for c in bound.object_offsets for o in c)
+
+
+def test_the_compiled_packing_matches_the_reference():
+    # layout._place packs with the native library; _place_reference is the Python
+    # it follows: the same offsets for random busy sets and classes.
+    import random
+
+    from tfswap.core.layout import _place, _place_reference
+    from tfswap.core.plan import Allocation
+
+    rng = random.Random(5)
+    for _ in range(200):
+        n_classes = rng.randint(1, 5)
+        class_bytes = tuple(sorted(rng.sample(range(1, 5000), n_classes)))
+        counts = [rng.randint(0, 6) for _ in range(n_classes)]
+        busy = {}
+        for c in range(n_classes):
+            for j in range(counts[c]):
+                if rng.random() < 0.9:
+                    ends = sorted(rng.sample(range(60), 2 * rng.randint(1, 3)))
+                    busy[(c, j)] = list(zip(ends[::2], ends[1::2]))
+        alloc = Allocation(class_bytes=class_bytes, class_count=tuple(counts))
+        assert _place(busy, counts, alloc) == _place_reference(busy, counts, alloc)

@@ -71,7 +71,7 @@ from tfswap.core.infeasible import Infeasible, InfeasibleAllocation
 from tfswap.core.plan import Allocation, Plan, Prediction
 from tfswap.core.program import (InRec, OutRec, Program, RecomputeRec, _uses_by_position,
                                  canonical, to_plan_swaps)
-from tfswap.core.simulator import PlanError, SimResult, run_program
+from tfswap.core.simulator import PlanError, SimResult, run_program, try_program
 
 UNLIMITED = 1 << 62
 CONV_PREFIXES = ("Conv", "FusedConv", "DepthwiseConv", "FusedDepthwiseConv")
@@ -106,7 +106,12 @@ class _Setting:
         return self.graph.ops[int(self.order[k])].phase
 
     def simulate(self, prog: Program) -> SimResult:
-        return run_program(self.cg, prog, self.pool, self.spec, events=self.memory == "shared")
+        if self.memory != "shared":
+            return run_program(self.cg, prog, self.pool, self.spec)
+        # The shared layout needs the allocation events: the compiled simulation's,
+        # and the reference's (which says why) where that one cannot run the program.
+        return try_program(self.cg, prog, self.pool, self.spec, allocations=True) or \
+            run_program(self.cg, prog, self.pool, self.spec, events=True)
 
     def used_pool(self, result: SimResult) -> Allocation:
         """The pool ``result`` used: its objects (laid out shared with ``memory="shared"``)."""

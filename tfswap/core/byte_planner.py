@@ -86,7 +86,7 @@ from tfswap.core.planner import default_allocation, ideal_times
 from tfswap.core.program import (START, InRec, OutRec, Program, RecomputeRec, canonical,
                                  inputs_back, to_plan_swaps)
 from tfswap.core.recompute import ChainIndex, value_chain
-from tfswap.core.simulator import PlanError, SimResult, run_program, try_program
+from tfswap.core.simulator import PlanError, SimResult, run_program, try_program_rows
 
 UNLIMITED = 1 << 62
 MEMORY_MODELS = ("live", "shared")
@@ -105,6 +105,71 @@ RECOMPUTE_SHARES = (0.1, 0.5)
 DROP_ORDERS = ("farthest", "cheapest")
 
 
+# Orders whose order-only data a compiled graph keeps (the byte planner scans
+# TF's order and the search's best; a few more cost little).
+_MEMO_ORDERS = 8
+
+
+def _memo(cg: CompiledGraph, what: str, key, make):
+    """``make()``, kept on ``cg`` under ``(what, key)`` for the last few keys: the
+    planners call this module many times over one graph and a few orders."""
+    cache = cg.__dict__.get("_byte_planner_memo")
+    if cache is None:
+        cache = {}
+        object.__setattr__(cg, "_byte_planner_memo", cache)
+    entries = cache.setdefault(what, {})
+    if key in entries:
+        return entries[key]
+    value = make()
+    if len(entries) >= _MEMO_ORDERS:
+        entries.pop(next(iter(entries)))
+    entries[key] = value
+    return value
+
+
+def _order_key(order) -> bytes:
+    return np.asarray(order, dtype=np.int32).tobytes()
+
+
+class _Static:
+    """What a scan of one order reads and never changes (see :class:`_ByteScan`)."""
+
+    def __init__(self, cg: CompiledGraph, order: list[int]):
+        n = len(order)
+        self.istart, self.iend = ideal_times(cg, order)
+        self.pers, self.kept = cg.buf_persistent.tolist(), cg.buf_kept.tolist()
+        self.pinned = cg.buf_pinned.tolist()
+        self.nbytes = cg.buf_bytes.tolist()
+        in_ptr, ins = cg.op_in_ptr.tolist(), cg.op_in.tolist()
+        out_ptr, outs = cg.op_out_ptr.tolist(), cg.op_out.tolist()
+        self.reads = [ins[in_ptr[o]:in_ptr[o + 1]] for o in order]
+        self.allocs = [outs[out_ptr[o]:out_ptr[o + 1]] for o in order]
+        self.uses = [[] for _ in range(cg.n_buffers)]
+        for k in range(n):
+            for b in self.reads[k] + self.allocs[k]:
+                if not self.uses[b] or self.uses[b][-1] != k:
+                    self.uses[b].append(k)
+        self.last = [u[-1] if u else -1 for u in self.uses]
+        self.both = [self.reads[k] + self.allocs[k] for k in range(n)]
+        # Moved or dropped when room is needed (neither persistent nor pinned).
+        self.movable = [not p and not q for p, q in zip(self.pers, self.pinned)]
+        # What position k releases if it is still resident then (each once).
+        self.release = [list(dict.fromkeys(
+            b for b in self.both[k]
+            if not self.pers[b] and not self.kept[b] and self.last[b] == k)) for k in range(n)]
+
+
+def _static(cg: CompiledGraph, order: list[int]) -> _Static:
+    return _memo(cg, "static", _order_key(order), lambda: _Static(cg, order))
+
+
+def _chains(cg: CompiledGraph, order: list[int], allowed: frozenset) -> "_Chains":
+    """The :class:`_Chains` of ``order`` for ``allowed`` (its memo shared by every
+    scan of that order: a chain depends on the order and the ops alone)."""
+    return _memo(cg, "chains", (_order_key(order), allowed),
+                 lambda: _Chains(cg, order, allowed))
+
+
 class _Chains:
     """The value chains of one order for the ops that may run again, each worked
     out once: every bisection round and every share asks for the same ones."""
@@ -113,6 +178,7 @@ class _Chains:
         self.cg, self.allowed = cg, allowed
         self.index = ChainIndex(cg, order)
         self.memo: dict[tuple[int, int, int], tuple[tuple[int, ...], float] | None] = {}
+        self.at_memo: dict[tuple[int, int], tuple[tuple[int, ...], float] | None] = {}
         # The last position each tensor is read at.
         at = self.index.position_of_op
         self.last_read = [max((at[c] for c in t.consumers if c in at), default=-1)
@@ -131,6 +197,16 @@ class _Chains:
         read = [i for i in index.members[b]
                 if index.made_at[i] < need and self.last_read[i] >= need]
         return index.made_at[read[0]] if len(read) == 1 else None
+
+    def at(self, b: int, need: int) -> tuple[tuple[int, ...], float] | None:
+        """:meth:`of` for the value of ``b`` the ops from ``need`` on read
+        (:meth:`read_value`), or None where there is no one such value."""
+        key = (b, need)
+        got = self.at_memo.get(key, self)
+        if got is self:
+            upto = self.read_value(b, need)
+            got = self.at_memo[key] = self.of(b, upto, need) if upto is not None else None
+        return got
 
     def of(self, b: int, upto: int, need: int) -> tuple[tuple[int, ...], float] | None:
         """The ops that make ``b``'s value as of ``upto`` again before ``need``, and
@@ -161,22 +237,19 @@ class _ByteScan:
         self.h2d, self.d2h = spec.h2d_bytes_per_s, spec.d2h_bytes_per_s
         self.latency = float(spec.copy_latency_s)
         self.lookahead, self.margin = lookahead, float(margin_s)
-        self.istart, self.iend = ideal_times(cg, self.order)
-        self.pers, self.kept = cg.buf_persistent.tolist(), cg.buf_kept.tolist()
+        # What depends on the order alone, worked out once per order (every
+        # bisection round, share and prefetch rule scans the same one); the scan
+        # only reads it.
+        static = _static(cg, self.order)
+        self.istart, self.iend = static.istart, static.iend
+        self.pers, self.kept = static.pers, static.kept
         # Never moved nor dropped: kept to the end, or not swappable (a variant, a
         # string, a handle); released after their last use like any other.
-        self.pinned = cg.buf_pinned.tolist()
-        self.nbytes = cg.buf_bytes.tolist()
-        in_ptr, ins = cg.op_in_ptr.tolist(), cg.op_in.tolist()
-        out_ptr, outs = cg.op_out_ptr.tolist(), cg.op_out.tolist()
-        self.reads = [ins[in_ptr[o]:in_ptr[o + 1]] for o in self.order]
-        self.allocs = [outs[out_ptr[o]:out_ptr[o + 1]] for o in self.order]
-        self.uses = [[] for _ in range(cg.n_buffers)]
-        for k in range(n):
-            for b in self.reads[k] + self.allocs[k]:
-                if not self.uses[b] or self.uses[b][-1] != k:
-                    self.uses[b].append(k)
-        self.last = [u[-1] if u else -1 for u in self.uses]
+        self.pinned = static.pinned
+        self.nbytes = static.nbytes
+        self.reads, self.allocs = static.reads, static.allocs
+        self.uses, self.last = static.uses, static.last
+        self.both, self.movable, self.release = static.both, static.movable, static.release
 
     def run(self, cap_bytes: int) -> Program:
         n, B = self.n, self.cg.n_buffers
@@ -208,10 +281,18 @@ class _ByteScan:
             raise InfeasibleAllocation(
                 f"parameters and optimizer state take {int(occ[0])} bytes, more than the cap "
                 f"of {self.cap} (this planner keeps them on the device); raise the budget")
+        stamp, use, version = self.stamp, self._use, self.version
+        # occ is exact up to the position being planned (self.front); what a
+        # change from some position on adds past it is self.lazy, added to each
+        # next position as the scan reaches it (no slice per release).
+        self.front, self.lazy = 0, 0
         for k in range(n):
-            both = self.reads[k] + self.allocs[k]
+            if k:
+                occ[k] += self.lazy
+                self.front = k
+            both = self.both[k]
             for b in both:
-                self.stamp[b] = k
+                stamp[b] = k
             for b in self.reads[k]:
                 if not resident[b]:
                     self._bring(b, k)
@@ -222,12 +303,12 @@ class _ByteScan:
                     self._in_flight(evicted, k)
                     self._hold(b, k)
             for b in both:
-                self._use(b, k)
-            for b in both:
-                if resident[b] and not pers[b] and not kept[b] and self.last[b] == k:
+                use(b, k)
+            for b in self.release[k]:
+                if resident[b]:
                     resident[b] = False
-                    self.version[b] += 1
-                    occ[k + 1:] -= nb[b]
+                    version[b] += 1
+                    self.lazy -= nb[b]
         return inputs_back(self.cg, canonical(self.order, start, self.outs, self.ins,
                                               self.op_waits, self.recs))
 
@@ -272,26 +353,33 @@ class _ByteScan:
     def _use(self, b: int, k: int) -> None:
         self.last_use[b] = k
         u = self.uses[b]
-        while self.cursor[b] < len(u) and u[self.cursor[b]] <= k:
-            self.cursor[b] += 1
-        self.version[b] += 1
-        if not self.pers[b] and not self.pinned[b] and self.last[b] != k:
-            entry = (-self._next_use(b), k, b, self.version[b])
+        c, n_u = self.cursor[b], len(u)
+        while c < n_u and u[c] <= k:
+            c += 1
+        self.cursor[b] = c
+        v = self.version[b] = self.version[b] + 1
+        if self.movable[b] and self.last[b] != k:
+            need = u[c] if c < n_u else self.never
+            entry = (-need, k, b, v)
             heapq.heappush(self.heap, entry)
-            chain = None
-            if self.chains is not None:
-                upto = self.chains.read_value(b, -entry[0])
-                chain = self.chains.of(b, upto, -entry[0]) if upto is not None else None
+            chain = self.chains.at(b, need) if self.chains is not None else None
             if chain and chain[1] <= self.nbytes[b] * self.share_s_per_byte:
                 self.chain_of[b] = chain[0]
                 rank = chain[1] / self.nbytes[b] if self.drop_order == "cheapest" else 0.0
                 heapq.heappush(self.cheap, (rank, entry))
 
+    def _add_from(self, first: int, nbytes: int) -> None:
+        """``nbytes`` more planned at every position from ``first`` on (at most one
+        past the position being planned; see ``lazy`` in :meth:`run`)."""
+        if first <= self.front:
+            self.occ[first:self.front + 1] += nbytes
+        self.lazy += nbytes
+
     def _hold(self, b: int, first: int) -> None:
         """``b`` is on the device from position ``first`` on."""
         self.resident[b] = True
         self.version[b] += 1
-        self.occ[first:] += self.nbytes[b]
+        self._add_from(first, self.nbytes[b])
 
     def _swap_in(self, b: int, k: int) -> None:
         nb = self.nbytes[b]
@@ -394,7 +482,7 @@ class _ByteScan:
             q = self.last_use[b]
             self.resident[b] = False
             self.version[b] += 1
-            self.occ[q + 1:] -= self.nbytes[b]
+            self._add_from(q + 1, -self.nbytes[b])
             self.outs.append(OutRec(b, q, False))
             self.remake[b] = (len(self.outs) - 1, self.chain_of.pop(b))
             dropped = True
@@ -409,7 +497,7 @@ class _ByteScan:
         self.version[e] += 1
         # Free after its last use for the allocation it is evicted for, which waits
         # for the copy-out; _in_flight counts it again up to where that one starts.
-        self.occ[q + 1:] -= self.nbytes[e]
+        self._add_from(q + 1, -self.nbytes[e])
         self.outs.append(OutRec(e, q, True))
         j = len(self.outs) - 1
         self.last_out[e] = j
@@ -446,19 +534,24 @@ def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_by
                          f"{recompute_share!r}")
     if drop_order not in DROP_ORDERS:
         raise ValueError(f"drop_order must be one of {DROP_ORDERS}, got {drop_order!r}")
-    chains = _Chains(cg, [int(o) for o in order], frozenset(recompute)) if recompute else None
+    chains = _chains(cg, [int(o) for o in order], frozenset(recompute)) if recompute else None
     return _ByteScan(cg, order, spec, lookahead, recency_margin_s, chains,
                      recompute_share, drop_order).run(int(cap_bytes))
 
 
 def _simulated(cg, order, prog, spec, shared: bool) -> tuple[SimResult, Allocation]:
     """The program's simulation and the pool it used (shared: laid out)."""
-    pool = default_allocation(cg, order, UNLIMITED)
-    result = try_program(cg, prog, pool, spec, allocations=shared)
-    if result is None:   # the reference says why
+    pool = _memo(cg, "pool", _order_key(order),
+                 lambda: default_allocation(cg, order, UNLIMITED))
+    got = try_program_rows(cg, prog, pool, spec, allocations=shared)
+    if got is None:   # the reference says why
         result = run_program(cg, prog, pool, spec, events=shared)
+        used = replace(pool, class_count=result.class_peak_objects)
+        return result, (layout.shared_layout(result, pool) if shared else used)
+    result, run = got
     used = replace(pool, class_count=result.class_peak_objects)
-    return result, (layout.shared_layout(result, pool) if shared else used)
+    return result, (layout.shared_layout_rows(run.event_rows, result.class_peak_objects, pool)
+                    if shared else used)
 
 
 def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
@@ -520,8 +613,9 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
         raise InfeasibleAllocation(f"small tensors alone need {budget_bytes - room} bytes, more "
                                    f"than the budget of {budget_bytes}; raise the budget")
 
-    allowed = frozenset(i for i, op in enumerate(graph.ops) if op.name in set(recomputable))
-    chains = _Chains(cg, [int(o) for o in order], allowed) if allowed else None
+    names = set(recomputable)
+    allowed = frozenset(i for i, op in enumerate(graph.ops) if op.name in names)
+    chains = _chains(cg, [int(o) for o in order], allowed) if allowed else None
     plans, refused = [], None
     # The variants' scans often make the same program (a recomputing one that
     # dropped nothing at some cap): each program is simulated once.

@@ -36,6 +36,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from tfswap.core import native
 from tfswap.core.plan import OBJECT_ALIGNMENT, Allocation
 
 
@@ -78,6 +79,28 @@ def shared_layout(result, allocation: Allocation) -> Allocation:
     return _place(object_busy(result), list(result.class_peak_objects), allocation)
 
 
+def shared_layout_rows(rows, class_peak_objects, allocation: Allocation) -> Allocation:
+    """:func:`shared_layout` of a compiled simulation's allocation event rows
+    ((take, buffer, class, object) each, in order: ``ProgramRun.event_rows``),
+    the same layout without making an event object of each."""
+    if not len(rows) and any(class_peak_objects):
+        raise ValueError("shared_layout needs the allocation events: simulate with events=True")
+    n = len(rows)
+    busy: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    opened: dict[tuple[int, int], int] = {}
+    for i, (take, _, c, j) in enumerate(np.asarray(rows).tolist()):
+        key = (c, j)
+        if take:
+            if key in opened:
+                raise ValueError(f"simulation allocates object {key} twice without a release")
+            opened[key] = i
+        else:
+            busy.setdefault(key, []).append((opened.pop(key), i))
+    for key, start in opened.items():
+        busy.setdefault(key, []).append((start, n))
+    return _place(busy, list(class_peak_objects), allocation)
+
+
 def _place(busy: dict, counts: list[int], allocation: Allocation) -> Allocation:
     """Offsets for objects ``0 .. counts[c]-1`` of each class, given their busy times."""
     # The simulator takes objects from LIFO stacks filled in index order, so the
@@ -87,32 +110,23 @@ def _place(busy: dict, counts: list[int], allocation: Allocation) -> Allocation:
             raise ValueError(f"object {j} of class {c} is used but the class peaked at "
                              f"{counts[c]} objects; the result is not of this allocation")
     objects = [(c, j) for c in range(len(counts)) for j in range(counts[c])]
-    # Busy sets as boolean rows over event positions, compressed to the
-    # positions where some object becomes busy: two sets of intervals
-    # intersect exactly when one is busy where the other starts.
-    starts = np.unique(np.array([s for iv in busy.values() for s, _ in iv] or [0], np.int64))
-    rows = np.zeros((len(objects), len(starts)), dtype=bool)
-    for r, key in enumerate(objects):
-        for s, e in busy.get(key, ()):
-            rows[r, np.searchsorted(starts, s):np.searchsorted(starts, e)] = True
     order = sorted(range(len(objects)), key=lambda r: (
         -allocation.class_bytes[objects[r][0]], objects[r]))
+    # The packing is compiled (tfswap_place_objects, which follows the
+    # reference below step by step); the busy sets go to it as intervals.
+    iv_ptr, iv_start, iv_end = [0], [], []
+    for key in objects:
+        for s, e in busy.get(key, ()):
+            iv_start.append(s)
+            iv_end.append(e)
+        iv_ptr.append(len(iv_start))
+    size = [_aligned(allocation.class_bytes[c]) for c, _ in objects]
+    placed = native.place_objects(np.asarray(iv_ptr), np.asarray(iv_start, np.int64),
+                                  np.asarray(iv_end, np.int64), np.asarray(order),
+                                  np.asarray(size, np.int64)).tolist()
     offsets = [[0] * c for c in counts]
-    placed = np.zeros(len(objects), dtype=bool)
-    lo = np.zeros(len(objects), np.int64)
-    hi = np.zeros(len(objects), np.int64)
-    packed_rows = np.packbits(rows, axis=1)
-    for r in order:
-        c, j = objects[r]
-        size = _aligned(allocation.class_bytes[c])
-        clash = placed & np.any(packed_rows & packed_rows[r], axis=1)
-        offset = 0
-        for a, b in sorted(zip(lo[clash].tolist(), hi[clash].tolist())):
-            if offset + size <= a:
-                break
-            offset = max(offset, b)
-        offsets[c][j] = offset
-        placed[r], lo[r], hi[r] = True, offset, offset + size
+    for r, (c, j) in enumerate(objects):
+        offsets[c][j] = placed[r]
     return replace(allocation, class_count=tuple(counts),
                    object_offsets=tuple(tuple(o) for o in offsets))
 
@@ -181,3 +195,37 @@ def conflicts(result, allocation: Allocation) -> list[tuple[tuple[int, int], tup
             if any(s1 < e2 and s2 < e1 for s1, e1 in busy[a] for s2, e2 in busy[b]):
                 out.append((a, b))
     return out
+
+
+def _place_reference(busy: dict, counts: list[int], allocation: Allocation) -> Allocation:
+    """:func:`_place` in Python (what the compiled packing follows; the tests
+    compare the two)."""
+    objects = [(c, j) for c in range(len(counts)) for j in range(counts[c])]
+    # Busy sets as boolean rows over event positions, compressed to the
+    # positions where some object becomes busy: two sets of intervals
+    # intersect exactly when one is busy where the other starts.
+    starts = np.unique(np.array([s for iv in busy.values() for s, _ in iv] or [0], np.int64))
+    rows = np.zeros((len(objects), len(starts)), dtype=bool)
+    for r, key in enumerate(objects):
+        for s, e in busy.get(key, ()):
+            rows[r, np.searchsorted(starts, s):np.searchsorted(starts, e)] = True
+    order = sorted(range(len(objects)), key=lambda r: (
+        -allocation.class_bytes[objects[r][0]], objects[r]))
+    offsets = [[0] * c for c in counts]
+    placed = np.zeros(len(objects), dtype=bool)
+    lo = np.zeros(len(objects), np.int64)
+    hi = np.zeros(len(objects), np.int64)
+    packed_rows = np.packbits(rows, axis=1)
+    for r in order:
+        c, j = objects[r]
+        size = _aligned(allocation.class_bytes[c])
+        clash = placed & np.any(packed_rows & packed_rows[r], axis=1)
+        offset = 0
+        for a, b in sorted(zip(lo[clash].tolist(), hi[clash].tolist())):
+            if offset + size <= a:
+                break
+            offset = max(offset, b)
+        offsets[c][j] = offset
+        placed[r], lo[r], hi[r] = True, offset, offset + size
+    return replace(allocation, class_count=tuple(counts),
+                   object_offsets=tuple(tuple(o) for o in offsets))

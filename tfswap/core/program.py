@@ -69,10 +69,21 @@ def recompute_ops(cg: CompiledGraph, rec: RecomputeRec) -> tuple[int, ...]:
     """The op ids ``rec`` runs again, in order."""
     if rec.ops:
         return rec.ops
-    for op in range(cg.n_ops):
-        if rec.buf in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]:
-            return (op,)
-    raise ValueError(f"buffer {cg.buf_names[rec.buf]!r} has no producer to run again")
+    op = _producers(cg)[rec.buf]
+    if op < 0:
+        raise ValueError(f"buffer {cg.buf_names[rec.buf]!r} has no producer to run again")
+    return (int(op),)
+
+
+def _producers(cg: CompiledGraph) -> np.ndarray:
+    """The first op writing each buffer (-1: none), kept on ``cg``."""
+    got = cg.__dict__.get("_producers")
+    if got is None:
+        got = np.full(cg.n_buffers, -1, dtype=np.int64)
+        for op in range(cg.n_ops - 1, -1, -1):
+            got[cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]] = op
+        object.__setattr__(cg, "_producers", got)
+    return got
 
 
 @dataclass(frozen=True)
@@ -98,7 +109,8 @@ def canonical(order, resident, outs, ins, op_waits, recomputes=()) -> Program:
     recs = tuple(sorted((RecomputeRec(r.buf, new_of[r.drop], r.need, tuple(r.ops))
                          for r in recomputes),
                         key=lambda r: (r.need, r.buf)))
-    return Program(tuple(int(o) for o in order), tuple(sorted(resident)), outs_sorted,
+    order = tuple(order.tolist()) if isinstance(order, np.ndarray) else tuple(map(int, order))
+    return Program(order, tuple(sorted(resident)), outs_sorted,
                    ins_sorted, waits, recs)
 
 
@@ -219,15 +231,37 @@ def _uses_by_position(cg: CompiledGraph, prog: Program) -> list[list[int]]:
     return uses
 
 
+def _schedule_lookup(cg: CompiledGraph, schedule):
+    """``cg.order_of(schedule)``, each op's position by name, each tensor's buffer
+    by name: kept on ``cg`` for the last few schedules (the recomputation pass
+    reads every candidate plan of one or two schedules).  Callers only read them."""
+    cache = cg.__dict__.get("_schedule_lookup")
+    if cache is None:
+        cache = {}
+        object.__setattr__(cg, "_schedule_lookup", cache)
+    key = tuple(schedule) if schedule is not None else None
+    got = cache.get(key)
+    if got is None:
+        order = cg.order_of(schedule)
+        order.flags.writeable = False
+        tbuf = cache.get("tbuf")
+        if tbuf is None:
+            tbuf = cache["tbuf"] = {t.name: int(cg.tensor_buffer[i])
+                                    for i, t in enumerate(cg.graph.tensors)}
+        got = (order, {cg.graph.ops[o].name: k for k, o in enumerate(order)}, tbuf)
+        if len(cache) >= 9:
+            cache.pop(next(k for k in cache if k != "tbuf"))
+        cache[key] = got
+    return got
+
+
 def from_plan(cg: CompiledGraph, schedule, swaps, resident_parameters) -> Program:
     """The Program of a plan's schedule, swaps and resident parameters.
 
     ``resident_parameters`` None: every persistent buffer stays on the device
     (how version-1 plans, which predate parameter swapping, are read).
     """
-    order = cg.order_of(schedule)
-    pos = {cg.graph.ops[o].name: k for k, o in enumerate(order)}
-    tbuf = {t.name: int(cg.tensor_buffer[i]) for i, t in enumerate(cg.graph.tensors)}
+    order, pos, tbuf = _schedule_lookup(cg, schedule)
 
     def where(op: str, what: str) -> int:
         if op not in pos:

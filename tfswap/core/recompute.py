@@ -42,7 +42,7 @@ from tfswap.core.plan import Plan, Prediction
 from tfswap.core.problem import Problem
 from tfswap.core.program import (OutRec, RecomputeRec, buffer_classes, canonical, from_plan,
                                  inputs_back, to_plan_swaps)
-from tfswap.core.simulator import run_program, try_program
+from tfswap.core.simulator import run_program, try_program, try_program_rows
 
 # Round trips tried per plan and order: each try is one simulation (Python),
 # and the estimate ranks well enough that later ones rarely pay.
@@ -251,8 +251,15 @@ def with_recomputes(problem: Problem, plan: Plan, spec: DeviceSpec, budget_bytes
             break
         # Busy times moved, so the shared pool is laid out again; where it grows
         # past the budget, the last recomputations taken go first.
-        result = run_program(cg, final, plan.allocation, spec, events=True)
-        allocation = layout.shared_layout(result, plan.allocation)
+        # The compiled simulation's allocation events are the reference's
+        # (tests/core/test_native.py); the reference runs where it cannot say.
+        got = try_program_rows(cg, final, plan.allocation, spec, allocations=True)
+        if got is None:
+            result = run_program(cg, final, plan.allocation, spec, events=True)
+            allocation = layout.shared_layout(result, plan.allocation)
+        else:
+            allocation = layout.shared_layout_rows(got[1].event_rows,
+                                                   got[0].class_peak_objects, plan.allocation)
         if allocation.total_bytes <= budget_bytes:
             buffer_classes(cg, allocation)   # the classes still hold every buffer
             best = run_program(cg, final, allocation, spec)

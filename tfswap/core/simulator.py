@@ -156,10 +156,12 @@ def try_program(cg: CompiledGraph, prog: Program, allocation: Allocation,
     ``allocations``: the result carries its ``allocation_events`` (as with
     ``events=True``, without the compute and copy events), what
     :func:`tfswap.core.layout.shared_layout` lays a pool out from."""
-    fast = native.simulate_program(cg, prog, allocation, spec, buffer_classes(cg, allocation),
-                                   events=allocations)
-    if fast.status:
+    got = try_program_rows(cg, prog, allocation, spec, allocations)
+    if got is None:
         return None
+    result, fast = got
+    if not allocations:
+        return result
     made = ()
     if allocations:
         names, sizes = cg.buf_names, cg.buf_bytes
@@ -167,10 +169,40 @@ def try_program(cg: CompiledGraph, prog: Program, allocation: Allocation,
                                      int(j))
                      for t, (take, b, c, j) in zip(fast.event_times.tolist(),
                                                    fast.event_rows.tolist()))
-    return SimResult(step_time_s=fast.step_time_s, ideal_time_s=ideal_time(cg, prog.order),
+    return replace(result, allocation_events=made)
+
+
+def try_program_rows(cg: CompiledGraph, prog: Program, allocation: Allocation,
+                     spec: DeviceSpec, allocations: bool = False):
+    """:func:`try_program` as (its result without ``allocation_events``, the compiled
+    run, whose ``event_rows`` hold them as (take, buffer, class, object) rows with
+    ``allocations``), or None: for a caller that reads the rows alone
+    (:func:`tfswap.core.layout.shared_layout_rows`)."""
+    fast = native.simulate_program(cg, prog, allocation, spec, buffer_classes(cg, allocation),
+                                   events=allocations)
+    if fast.status:
+        return None
+    return SimResult(step_time_s=fast.step_time_s, ideal_time_s=_ideal_time_of(cg, prog.order),
                      peak_bytes=fast.peak_bytes, h2d_bytes=fast.h2d_bytes,
                      d2h_bytes=fast.d2h_bytes, stall_s=fast.stall_s,
-                     class_peak_objects=fast.class_peak_objects, allocation_events=made)
+                     class_peak_objects=fast.class_peak_objects), fast
+
+
+def _ideal_time_of(cg: CompiledGraph, order: tuple[int, ...]) -> float:
+    """:func:`ideal_time`, kept on ``cg`` for the last few orders: the planners'
+    trial loops simulate many programs of one order."""
+    cache = cg.__dict__.get("_ideal_times")
+    if cache is None:
+        cache = {}
+        object.__setattr__(cg, "_ideal_times", cache)
+    key = order if isinstance(order, tuple) else tuple(int(o) for o in order)
+    t = cache.get(key)
+    if t is None:
+        t = ideal_time(cg, key)
+        if len(cache) >= 8:
+            cache.pop(next(iter(cache)))
+        cache[key] = t
+    return t
 
 
 def _check_order(copy_order: str, issue_cost_s: float, spec: DeviceSpec) -> None:

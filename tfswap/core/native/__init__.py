@@ -42,6 +42,9 @@ def _configure(lib: ctypes.CDLL) -> None:
         + [ctypes.c_int, p, ctypes.c_int, p, ctypes.c_int, p, p, p, ctypes.c_int, p,
            ctypes.c_int, p, p, p] + [p, p, p, ctypes.c_int64, p, p])
 
+    lib.tfswap_place_objects.restype = ctypes.c_int
+    lib.tfswap_place_objects.argtypes = [ctypes.c_int] + [p] * 6
+
 
 _LIBRARY = NativeLibrary(Path(__file__).resolve().parent / "planner_sim.cc",
                          "tfswap.core.native._planner_sim", "core", "libtfswap_core.so",
@@ -231,3 +234,20 @@ def evaluate(cg: CompiledGraph, order: np.ndarray, allocation: Allocation, spec:
     return Evaluation(True, float(metrics[0]), float(metrics[1]), float(metrics[2]),
                       int(ints[0]), int(ints[1]), int(ints[2]), int(ints[3]), int(ints[4]),
                       int(ints[7]), tuple(int(x) for x in class_peak[:len(counts)]), program)
+
+
+def place_objects(iv_ptr: np.ndarray, iv_start: np.ndarray, iv_end: np.ndarray,
+                  order: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """The shared layout's offsets (:func:`tfswap.core.layout._place`'s packing):
+    object ``r``'s busy intervals are ``iv_start/iv_end[iv_ptr[r]:iv_ptr[r+1]]``;
+    objects placed in ``order``, each ``size[r]`` (aligned) bytes."""
+    n = len(order)
+    iv_ptr = np.ascontiguousarray(iv_ptr, dtype=np.int32)
+    iv_start = np.ascontiguousarray(iv_start, dtype=np.int64)
+    iv_end = np.ascontiguousarray(iv_end, dtype=np.int64)
+    order = np.ascontiguousarray(order, dtype=np.int32)
+    size = np.ascontiguousarray(size, dtype=np.int64)
+    offset = np.zeros(max(n, 1), dtype=np.int64)
+    library().tfswap_place_objects(n, _ptr(iv_ptr), _ptr(iv_start), _ptr(iv_end), _ptr(order),
+                                   _ptr(size), _ptr(offset))
+    return offset[:n]

@@ -710,4 +710,60 @@ int tfswap_simulate_program(
   return 0;
 }
 
+// The shared pool layout's packing (tfswap/core/layout.py `_place`, which this
+// follows exactly): objects in `order`, each at the lowest offset where it
+// overlaps in address only placed objects whose busy sets it does not meet.
+// Busy sets: object r's intervals [iv_start, iv_end) for i in
+// iv_ptr[r]..iv_ptr[r+1], in event positions; two sets meet where one is busy
+// at a position where some object's interval starts (the Python rows over the
+// distinct starts).  size[r]: the object's aligned bytes; offset[r] (out).
+int tfswap_place_objects(int n_obj, const int32_t* iv_ptr, const int64_t* iv_start,
+                         const int64_t* iv_end, const int32_t* order, const int64_t* size,
+                         int64_t* offset) {
+  const int n_iv = iv_ptr[n_obj];
+  std::vector<int64_t> starts(iv_start, iv_start + n_iv);
+  if (starts.empty()) starts.push_back(0);
+  std::sort(starts.begin(), starts.end());
+  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+  const size_t words = (starts.size() + 63) / 64;
+  std::vector<uint64_t> rows((size_t)n_obj * words, 0);
+  for (int r = 0; r < n_obj; ++r) {
+    uint64_t* row = &rows[(size_t)r * words];
+    for (int i = iv_ptr[r]; i < iv_ptr[r + 1]; ++i) {
+      size_t a = std::lower_bound(starts.begin(), starts.end(), iv_start[i]) - starts.begin();
+      size_t b = std::lower_bound(starts.begin(), starts.end(), iv_end[i]) - starts.begin();
+      for (size_t x = a; x < b; ++x) row[x >> 6] |= uint64_t(1) << (x & 63);
+    }
+  }
+  std::vector<int> placed;
+  placed.reserve(n_obj);
+  std::vector<int64_t> lo(n_obj, 0), hi(n_obj, 0);
+  std::vector<std::pair<int64_t, int64_t>> clash;
+  for (int k = 0; k < n_obj; ++k) {
+    const int r = order[k];
+    const uint64_t* row = &rows[(size_t)r * words];
+    clash.clear();
+    for (int q : placed) {
+      const uint64_t* other = &rows[(size_t)q * words];
+      for (size_t w = 0; w < words; ++w) {
+        if (row[w] & other[w]) {
+          clash.emplace_back(lo[q], hi[q]);
+          break;
+        }
+      }
+    }
+    std::sort(clash.begin(), clash.end());
+    int64_t off = 0;
+    for (const auto& ab : clash) {
+      if (off + size[r] <= ab.first) break;
+      off = std::max(off, ab.second);
+    }
+    offset[r] = off;
+    lo[r] = off;
+    hi[r] = off + size[r];
+    placed.push_back(r);
+  }
+  return 0;
+}
+
 }  // extern "C"
