@@ -107,6 +107,7 @@ emulate.setup()
 import numpy as np  # noqa: E402
 
 from tfswap import pipeline, zoo  # noqa: E402
+from tfswap.tf import lower as tf_lower
 from tfswap.core.infeasible import Infeasible  # noqa: E402
 from tfswap.core import simulator  # noqa: E402
 from research import fidelity  # noqa: E402
@@ -160,9 +161,9 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
     spec = cpu_emulated(copy_latency_s=copy_latency_s, copies_on_compute=copies_on_compute,
                         link_bytes_per_s=link)
     streams = cpu_emulated(link_bytes_per_s=link)
-    stage = pipeline.lower(captured, prof, spec, pipeline.small_threshold(prof.peak_bytes))
+    stage = tf_lower.lower(captured, prof, spec, tf_lower.small_threshold(prof.peak_bytes))
     budget = int(fraction * base_peak)
-    planner_budget, outside = pipeline.planner_budget(budget, stage.lowered, 0.05)
+    planner_budget, outside = tf_lower.planner_budget(budget, stage.lowered, 0.05)
     # The unmodified step as simulated (TF's order, no swaps): what the paired
     # reference runs measure.
     ideal = stage.unconstrained.prediction.step_time_s

@@ -52,11 +52,12 @@ def build(name: str, batch: int, spec: str, out: str) -> None:
     the default threshold)."""
     from research import paper_models
     from tfswap import pipeline
+    from tfswap.tf import lower as tf_lower
     from tfswap.tf import capture, profile
 
     captured = capture.capture(paper_models.concrete_function(name, batch))
     dev = device_spec(spec)
-    step = pipeline.lower_default(captured, profile.analytic(captured, dev), dev)
+    step = tf_lower.lower_default(captured, profile.analytic(captured, dev), dev)
     low = step.lowered
     with open(out, "wb") as f:
         pickle.dump((low.graph, tuple(low.fetches), tuple(low.assigned), tuple(low.resident),

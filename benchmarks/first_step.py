@@ -133,6 +133,7 @@ def child(run: int, fraction: float, search_time: float, foreground: bool,
                ratio=swap_s / plain_s, identical=identical, functions=ran)
     if foreground:
         from tfswap import pipeline
+        from tfswap.tf import lower as tf_lower
         from tfswap.core import planners, search
 
         key = next(k for k in callback.functions if k[0] == "train"
@@ -144,7 +145,7 @@ def child(run: int, fraction: float, search_time: float, foreground: bool,
         searched = fast.plan
         # The foreground search on the same problem (the same profile: predicted
         # times of plans on two profiles would not compare), for as long.
-        usable, _ = pipeline.planner_budget(budget, fast.lowered, 0.05)
+        usable, _ = tf_lower.planner_budget(budget, fast.lowered, 0.05)
         config = search.SearchConfig(time_budget_s=search_time, seed=0, workers=1)
         fg = planners.run(planners.DEFAULT_PLANNER, fast.problem, usable, fast.spec,
                           config=config).plan

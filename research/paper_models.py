@@ -222,16 +222,17 @@ def concrete_function(name: str, batch: int):
 
 def build_lowered(name: str, batch: int, spec: str):
     """Capture, price and lower model ``name`` in this process, as ``optimize`` lowers a
-    step (:func:`tfswap.pipeline.lower_default`): the arguments of its
+    step (:func:`tfswap.tf_lower.lower_default`): the arguments of its
     :class:`~tfswap.core.problem.Problem` (graph, keep, schedule, small threshold,
     where parameters start, the ops it may recompute)."""
     from tfswap import pipeline
+    from tfswap.tf import lower as tf_lower
     from tfswap.core.devices import device_spec
     from tfswap.tf import capture, profile
 
     captured = capture.capture(concrete_function(name, batch))
     dev = device_spec(spec)
-    problem = pipeline.lower_default(captured, profile.analytic(captured, dev), dev).problem
+    problem = tf_lower.lower_default(captured, profile.analytic(captured, dev), dev).problem
     return (problem.graph, problem.keep, problem.schedule, problem.small_threshold_bytes,
             problem.params_start_on_host, tuple(sorted(problem.recomputable)))
 

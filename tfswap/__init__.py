@@ -17,18 +17,29 @@ Example::
 
 import importlib
 
-from tfswap.anytime import AnytimeFunction
-from tfswap.api import NoDeviceError, OptimizedFunction, PlanMismatchError, load_plan, optimize
 from tfswap.core.budget import BudgetError
 from tfswap.core.plan import Plan, Prediction, Swap
 
 __version__ = "0.1.0"
 
+# What imports TensorFlow (or Keras) is loaded on first use: name -> its module.
+_LAZY = {"optimize": "tfswap.api", "load_plan": "tfswap.api",
+         "OptimizedFunction": "tfswap.api", "PlanMismatchError": "tfswap.api",
+         "NoDeviceError": "tfswap.tf.device", "AnytimeFunction": "tfswap.anytime"}
+
 
 def __getattr__(name):
     if name == "keras":
         return importlib.import_module("tfswap.keras")
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'tfswap' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | {"keras"})
 
 
 __all__ = ["AnytimeFunction", "BudgetError", "NoDeviceError", "OptimizedFunction", "Plan", "PlanMismatchError",

@@ -24,13 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from tfswap import anytime, pipeline
+from tfswap.tf import lower as tf_lower
+from tfswap.tf import device as tf_device
 from tfswap.core import search as ga
 from tfswap.core.budget import BudgetError
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.infeasible import Infeasible
 from tfswap.core.plan import Plan, PlanFormatError
-from tfswap.pipeline import NoDeviceError
+from tfswap.tf.device import NoDeviceError
 
 
 class PlanMismatchError(ValueError):
@@ -153,7 +155,7 @@ class OptimizedFunction:
         """The plan simulated on this step's graph: :class:`tfswap.report.Timeline`."""
         from tfswap import report
 
-        return report.simulate_timeline(pipeline.planning_graph(self.lowered, self.spec),
+        return report.simulate_timeline(tf_lower.planning_graph(self.lowered, self.spec),
                                         self.plan, self.spec, keep=self.keep)
 
     def to_chrome_trace(self, path: str | Path) -> Path:
@@ -389,7 +391,7 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
         plan = Plan.load(path)
     except PlanFormatError as err:
         raise PlanFormatError(f"{path}: {err}") from err
-    device, host = pipeline.placement(device, host)
+    device, host = tf_device.placement(device, host)
     captured = capture_mod.capture(concrete_fn, device=device)
     if captured.replicas:
         raise PlanMismatchError(
@@ -419,7 +421,7 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
                 f"{plan.graph_fingerprint}, this function's is {found}): a different model, "
                 "batch shape or TensorFlow version. Re-plan with tfswap.optimize and save again.")
         lowered = ir.lower(captured, None)
-        spec = pipeline.spec_for(device_spec, device)
+        spec = tf_device.spec_for(device_spec, device)
         rewritten = rewrite.rewrite(captured, plan, device, host)
         bound = runtime.bind(captured, rewritten.graph_def)
     except BaseException:

@@ -20,7 +20,8 @@ With ``background=True`` ``optimize`` runs them twice: on :func:`first_round`
 (each search ends after its first generation) in the caller's thread, then
 on :func:`searching_again` in a background thread (:mod:`tfswap.anytime`).
 
-TensorFlow is imported when a stage first runs, not with this module.
+This module imports TensorFlow; ``import tfswap`` loads it on first use of
+:func:`tfswap.optimize` (or :func:`tfswap.load_plan`).
 
 Example::
 
@@ -42,19 +43,27 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
 from tfswap.core import bound, layout, planners, search, simulator
 from tfswap.core.budget import BudgetError, parse_budget
-from tfswap.core.devices import DeviceSpec, cpu_emulated, device_spec as resolve_spec
-from tfswap.core.graph import DataflowGraph
+from tfswap.core.devices import DeviceSpec
 from tfswap.core.infeasible import Infeasible
 from tfswap.core.plan import Allocation, Plan, Prediction
+from tfswap.core.problem import Problem
+from tfswap.core.profile import OpProfile
 from tfswap.core.program import from_plan
 from tfswap.core.simulator import simulate
-from tfswap.core.problem import Problem
+from tfswap.ops import allocator
+from tfswap.tf import capture as capture_mod
+from tfswap.tf import emulate, homes, host_side, ir, measure, rewrite, runtime, update_places
+from tfswap.tf.device import (PROFILES, check_arena, choose_spec, placement, profile_note,
+                              profile_step, sample_inputs)
+from tfswap.tf.lower import (SMALLEST_SMALL_BYTES, Lowered, lower, lower_default,
+                             planner_budget, small_threshold)
+from tfswap.tf.shapes import refuse_unsized
+from tfswap.tf.tensor_swaps import tensor_swaps
 
-PROFILES = ("auto", "trace", "isolated", "analytic")
-SMALLEST_SMALL_BYTES = 4 << 10   # the default small-tensor threshold's floor
 # Sessions the rewritten step is measured in (3 runs each) before it is accepted.
 VERIFY_SESSIONS = 2
 MINIMUM_SEARCH_DOUBLINGS = 6   # how far above the unconstrained peak a smallest budget is sought
@@ -67,10 +76,6 @@ FIRST_LAYOUT = "shared"
 REPLICATED_TIMEOUT_FACTOR = 100
 REPLICATED_MIN_TIMEOUT_S = 60.0
 PARAMETERS = ("auto", "device", "host")   # where variables live between steps
-
-
-class NoDeviceError(RuntimeError):
-    """Neither a GPU nor the emulated device is there to run the step on."""
 
 
 @dataclass(frozen=True)
@@ -190,20 +195,6 @@ class Options:
 
 
 @dataclass(frozen=True)
-class Lowered:
-    """The captured step lowered at one small-tensor threshold: the TF adapter's
-    ``LoweredGraph`` and the :class:`Problem` the planners see."""
-
-    lowered: Any
-    problem: Problem
-    unconstrained: Plan   # TF's order, no memory limit
-
-    @property
-    def small(self) -> int:
-        return self.problem.small_threshold_bytes
-
-
-@dataclass(frozen=True)
 class Replica:
     """Another replica of a step a ``tf.distribute`` strategy replicates: its
     device (the budget is per device), the step as captured on it, its profile
@@ -256,8 +247,6 @@ class Prepared:
     def peak_method(self) -> str | None:
         """How the device's peak is measured here (:func:`tfswap.tf.measure.peak_method`):
         step stats on the emulated device, the allocator on a GPU, else None."""
-        from tfswap.tf import emulate, measure
-
         return measure.peak_method(self.device, emulate.is_active())
 
     @property
@@ -323,8 +312,6 @@ class Verified:
 
 def prepare(concrete_fn, options: Options) -> Prepared:
     """Capture ``concrete_fn``, profile it and lower it to a :class:`Problem`."""
-    from tfswap.tf import capture as capture_mod, ir
-
     started = time.monotonic()
     deadline = None if options.generations is not None else started + options.search_time_s
     device, host = placement(options.device, options.host)
@@ -344,19 +331,17 @@ def prepare(concrete_fn, options: Options) -> Prepared:
             "not plan replicas with variables in host memory yet; create them under the "
             "strategy's scope and pass parameters='auto' or 'device'")
     if captured.host_homed:   # variables the user created in host memory
-        from tfswap.tf import homes
-
         captured, _ = homes.updates_on_device(captured, device)
     spec, spec_note = choose_spec(options.device_spec, device)
     unshared = spec
     if captured.replicas:   # the replicas copy at the same time, over one host's link
         spec = spec.shared_by(len(captured.replicas))
     budget = parse_budget(options.memory_budget, spec.memory_bytes)
-    _check_arena(budget, options.memory_budget, device)
+    check_arena(budget, options.memory_budget, device)
     capture_mod.warn_legacy_random(captured)
     feed = list(options.inputs) if options.inputs is not None else \
         sample_inputs(captured, options.seed)
-    prof = _profile(captured, options.profile, spec, feed, device)
+    prof = profile_step(captured, options.profile, spec, feed, device)
     places, unplaced = (), (captured, prof)
     if captured.host_homed:   # the gathers and updates of variables the user put there
         small = options.small_tensor_bytes if options.small_tensor_bytes is not None else \
@@ -366,8 +351,6 @@ def prepare(concrete_fn, options: Options) -> Prepared:
         if options.small_tensor_bytes is not None else \
         lower_default(captured, prof, spec, options.recompute)
     if prof.source != "trace":
-        from tfswap.tf.shapes import refuse_unsized
-
         refuse_unsized(captured, step.lowered, prof.source)
     replicas = tuple(_replica(captured, d, options, spec, feed) for d in captured.replicas[1:])
     notes = (spec_note,) if spec_note else ()
@@ -379,7 +362,7 @@ def prepare(concrete_fn, options: Options) -> Prepared:
         notes += (f"replicated over {', '.join(captured.replicas)}: each device planned for "
                   "the budget",)
     return Prepared(options, captured, prof, step, spec, budget, device, host, feed, deadline,
-                    notes + (_profile_note(prof, time.monotonic() - started),),
+                    notes + (profile_note(prof, time.monotonic() - started),),
                     update_places=places, replicas=replicas,
                     rendezvous=ir.rendezvous(captured) if replicas else (), unplaced=unplaced,
                     unshared_spec=unshared if replicas else None)
@@ -388,24 +371,11 @@ def prepare(concrete_fn, options: Options) -> Prepared:
 def _replica(captured, device: str, options: Options, spec: DeviceSpec, feed) -> Replica:
     """Replica ``device`` of a replicated step, profiled and lowered as the first one."""
     on = dataclasses.replace(captured, device=device)
-    prof = _profile(on, options.profile, spec, feed, device)
+    prof = profile_step(on, options.profile, spec, feed, device)
     step = lower(on, prof, spec, options.small_tensor_bytes, options.recompute) \
         if options.small_tensor_bytes is not None else \
         lower_default(on, prof, spec, options.recompute)
     return Replica(device, on, prof, step)
-
-
-def _check_arena(budget: int, asked, device: str) -> None:
-    """A budget above the budget arena the device allocates from cannot hold."""
-    from tfswap.ops import allocator
-
-    arena = allocator.installed_gpu_arena(device)
-    arena_bytes = arena.stats().arena_bytes if arena is not None else None
-    if arena_bytes is not None and budget > arena_bytes:
-        raise BudgetError(
-            f"memory_budget {asked!r} ({budget} bytes) is more than the budget arena "
-            f"{device} allocates from ({arena_bytes} bytes, install_gpu_arena); "
-            "pass at most that")
 
 
 def place_parameters(prepared: Prepared) -> Prepared:
@@ -420,8 +390,6 @@ def place_parameters(prepared: Prepared) -> Prepared:
     picked = movable_parameters(prepared)
     if not picked:
         return prepared
-    from tfswap.tf import homes
-
     relocation = homes.move_to_host([c.variable for c in picked], prepared.host)
     unplaced, unplaced_profile = prepared.unplaced or (prepared.captured, prepared.profile)
     try:
@@ -451,8 +419,6 @@ def host_work(captured, prof, spec: DeviceSpec, device: str, budget: int, option
     placed where the simulator predicts the fastest step
     (:mod:`tfswap.tf.update_places`: the plan on TensorFlow's order, at this
     budget)."""
-    from tfswap.tf import host_side, update_places
-
     captured, _ = host_side.gathers_on_host(captured)
 
     def price(candidate, candidate_profile) -> float:
@@ -476,8 +442,6 @@ def with_moved_costs(prof, moved: dict):
     host only stores the result (:func:`tfswap.tf.homes.updates_on_device`)."""
     if not moved:
         return prof
-    from tfswap.core.profile import OpProfile
-
     taken = set(moved.values())
     ops = [dataclasses.replace(op, time_s=0.0, scratch_bytes=0) if op.name in taken else op
            for op in prof.ops]
@@ -488,8 +452,6 @@ def with_moved_costs(prof, moved: dict):
 
 def movable_parameters(prepared: Prepared) -> tuple:
     """The captured device variables :func:`place_parameters` would move."""
-    from tfswap.tf import homes
-
     if prepared.options.parameters == "device" or prepared.replicas:
         return ()
     return homes.chosen(prepared.captured, prepared.options.parameters, prepared.step.small)
@@ -509,225 +471,7 @@ def with_budget(prepared: Prepared, memory_budget) -> Prepared:
         options=dataclasses.replace(prepared.options, memory_budget=memory_budget))
 
 
-def lower_default(captured, prof, spec: DeviceSpec, recompute: bool = True) -> Lowered:
-    """The step lowered at the default small-tensor threshold (:func:`small_threshold`
-    of the step's no-swap peak).
-
-    From the step, not the budget: a budget-dependent threshold would make
-    the smallest feasible budget a BudgetError names infeasible again when
-    passed back (other tensors become small).  Without a measured peak
-    (analytic, isolated profiles), the unconstrained plan's.
-    """
-    step = lower(captured, prof, spec, small_threshold(prof.peak_bytes or 0), recompute)
-    if not prof.peak_bytes:
-        wanted = small_threshold(step.unconstrained.prediction.peak_bytes)
-        if wanted != step.small:
-            step = lower(captured, prof, spec, wanted, recompute)
-    return step
-
-
-def lower(captured, prof, spec: DeviceSpec, small: int, recompute: bool = True) -> Lowered:
-    """The captured step as the planners see it, with tensors under ``small`` bytes
-    in the small pool.  Every plan here has ``params_start_on_host``: TensorFlow
-    keeps no device copy of a host variable between steps.  ``recompute``: the
-    planners may recompute the ops that can run again
-    (:mod:`tfswap.tf.recomputable`); False: swaps only."""
-    from tfswap.tf import ir
-
-    lowered = ir.lower(captured, prof, small_bytes=small)
-    problem = Problem.of(planning_graph(lowered, spec),
-                         keep=tuple(lowered.fetches) + tuple(lowered.assigned),
-                         schedule=lowered.schedule(), small_threshold_bytes=small,
-                         params_start_on_host=True,
-                         recomputable=lowered.recomputable if recompute else ())
-    unconstrained = planners.run("tfswap.order", problem, 1 << 62, spec).plan
-    return Lowered(lowered, problem, unconstrained)
-
-
-def planning_graph(lowered, spec: DeviceSpec) -> DataflowGraph:
-    """The lowered step as the planners see it: device variables pinned
-    (:func:`pin_parameters`), the work placed on the host at the host's speed
-    (:func:`price_host_work`), and each update of a host-homed variable charged
-    the copy of what it reads from the device (:func:`price_writebacks`)."""
-    return price_writebacks(price_host_work(pin_parameters(lowered.graph, lowered.resident),
-                                            lowered.host_ops, spec),
-                            lowered.writebacks, spec)
-
-
-def price_host_work(graph: DataflowGraph, host_ops: dict, spec: DeviceSpec) -> DataflowGraph:
-    """Each op computing on the host (``host_ops``: op -> bytes it reads and writes)
-    at least as long as the host's memory takes to move those bytes
-    (``spec.host_memory_bandwidth_bytes_per_s``; None: the profiled time holds,
-    as on the emulated device, whose host is the same CPU)."""
-    bandwidth = spec.host_memory_bandwidth_bytes_per_s
-    if not host_ops or bandwidth is None:
-        return graph
-    ops = [dataclasses.replace(op, outputs=(), time_s=max(op.time_s, host_ops[op.name] / bandwidth))
-           if op.name in host_ops else dataclasses.replace(op, outputs=()) for op in graph.ops]
-    return DataflowGraph.build(ops, [dataclasses.replace(t, producer=-1, consumers=())
-                                     for t in graph.tensors])
-
-
-def price_writebacks(graph: DataflowGraph, writebacks: dict, spec: DeviceSpec) -> DataflowGraph:
-    """Add to each update of a host-homed variable the device-to-host copy of the
-    values it reads (``writebacks``: op -> bytes).
-
-    The update runs on the host, in the schedule's control chain, after its
-    values' swap-outs (:mod:`tfswap.tf.rewrite`), so the next op waits for the
-    copy: charging it to the update is what runs when the copy has not
-    finished by then, and an upper bound when it has.
-    """
-    if not writebacks:
-        return graph
-    ops = [dataclasses.replace(op, outputs=(), time_s=op.time_s + spec.copy_time_s(
-        writebacks[op.name], "d2h")) if op.name in writebacks else
-        dataclasses.replace(op, outputs=()) for op in graph.ops]
-    return DataflowGraph.build(ops, [dataclasses.replace(t, producer=-1, consumers=())
-                                     for t in graph.tensors])
-
-
-def pin_parameters(graph: DataflowGraph, resident) -> DataflowGraph:
-    """Mark the device variables' value tensors (``resident``) unswappable.
-
-    A variable the user created on the device stays there.  One created in
-    host memory (under ``tf.device(host)``) is read on the host; each read is
-    a parameter the plan fetches before its first use on the device.
-    """
-    pinned = set(resident)
-    tensors = [dataclasses.replace(t, swappable=False) if t.name in pinned else t
-               for t in graph.tensors]
-    return DataflowGraph.build(
-        [dataclasses.replace(op, outputs=()) for op in graph.ops],
-        [dataclasses.replace(t, producer=-1, consumers=()) for t in tensors])
-
-
-def small_threshold(step_peak_bytes: int) -> int:
-    """Default small-tensor threshold: 1/1024 of the step's no-swap peak, 4 KiB to 1 MiB."""
-    return int(min(1 << 20, max(SMALLEST_SMALL_BYTES, step_peak_bytes // 1024)))
-
-
-def placement(device: str | None, host: str | None) -> tuple[str, str]:
-    """Where the step runs and where swapped tensors wait."""
-    from tfswap.tf import emulate
-
-    import tensorflow as tf
-
-    if device is not None or host is not None:
-        if device is None or host is None:
-            raise ValueError("pass both device and host (e.g. '/device:GPU:0' and "
-                             "'/device:CPU:0'), or neither")
-        return device, host
-    if emulate.is_active():
-        return this_worker(emulate.DEVICE), this_worker(emulate.HOST)
-    gpus = tf.config.list_logical_devices("GPU")
-    if gpus:
-        return this_worker(gpus[0].name), this_worker("/device:CPU:0")
-    raise NoDeviceError(
-        "tfswap found no GPU and the emulated device is not set up. On a machine without "
-        "a GPU call tfswap.tf.emulate.setup() before TensorFlow creates its devices (before "
-        "building models), or pass device= and host= explicitly.")
-
-
-def this_worker(device: str) -> str:
-    """``device`` of this process's worker: as given on one machine; with the job
-    and task of this worker where the process is one of a cluster's
-    (``MultiWorkerMirroredStrategy``), whose other workers have a device of the
-    same name, which a bare name would not tell apart."""
-    import tensorflow as tf
-    from tensorflow.python.eager import context
-
-    space = tf.DeviceSpec.from_string(context.context().host_address_space())
-    if space.job in (None, "localhost"):
-        return device
-    return tf.DeviceSpec.from_string(device).make_merged_spec(space).to_string()
-
-
-def spec_for(device_spec, device: str) -> DeviceSpec:
-    """The device's figures (:func:`choose_spec`)."""
-    return choose_spec(device_spec, device)[0]
-
-
-def choose_spec(device_spec, device: str) -> tuple[DeviceSpec, str | None]:
-    """(the device's figures, a note saying where they come from when not given).
-
-    The given spec; on a CPU, the emulated device's; on a GPU, the preset for
-    the GPU's name ("NVIDIA H100 80GB HBM3" -> "h100-80g-pcie5"), else the GPU's
-    figures measured once and cached (:mod:`tfswap.tf.gpu`).
-    """
-    if device_spec is not None:
-        return resolve_spec(device_spec), None
-    if "CPU" in device.upper():
-        return cpu_emulated(), None
-    from tfswap.tf import gpu
-
-    return gpu.spec_for_gpu(device)   # GPU-only
-
-
-def sample_inputs(captured, seed: int) -> list:
-    """Inputs of the right shapes and dtypes for profiling runs (never the user's data)."""
-    rng = np.random.default_rng(seed)
-    values = []
-    for arg in captured.args:
-        dtype = arg.dtype.as_numpy_dtype
-        if arg.dtype.is_floating:
-            values.append(rng.standard_normal(arg.shape).astype(dtype))
-        else:  # integer ids and labels: zeros are in range for any vocabulary
-            values.append(np.zeros(arg.shape, dtype=dtype))
-    return values
-
-
-def _profile(captured, kind: str, spec: DeviceSpec, feed, device: str):
-    from tfswap.tf import profile as profiler
-
-    import tensorflow as tf
-
-    if kind == "analytic":
-        return profiler.analytic(captured, spec)
-    # An op the isolated profile cannot run alone is priced for this device (a GPU's
-    # ops priced as the emulated CPU's made a BERT-style step's ideal 5.1 s for a 16 ms
-    # step on an H200, 2026-11-26).
-    if kind == "isolated":
-        return profiler.isolated(captured, device=device, fallback=spec)
-    try:
-        return profiler.trace(captured, feed, device=device)
-    except tf.errors.ResourceExhaustedError:
-        if kind == "trace":
-            raise
-        # "auto": the unmodified step does not fit; time each op alone instead.
-        return profiler.isolated(captured, device=device, fallback=spec)
-
-
-def _profile_note(prof, seconds: float) -> str:
-    """How the step was profiled; for an isolated profile, how many ops were timed
-    alone and how many priced from the device spec instead."""
-    note = f"profile: {prof.source}, {seconds:.1f} s"
-    if prof.source != "isolated":
-        return note
-    priced = sum(op.source == "analytic" for op in prof.ops)
-    return note + (f" ({len(prof.ops) - priced} of {len(prof.ops)} ops timed alone, {priced} "
-                   "priced from the device spec: ops that launch no kernel or cannot run alone)")
-
-
 # ---------------------------------------------------------------- plan
-
-def planner_budget(budget: int, lowered, safety_margin: float) -> tuple[int, int]:
-    """Bytes the planner may use, and the device bytes it does not see.
-
-    Variables that the step never reads are not in the graph but live on the
-    device; the planner sees every variable the step reads (as resident
-    buffers).
-    """
-    from tfswap.core import liveness
-
-    roots = {liveness.buffer_root(lowered.graph, t) for t in lowered.resident}
-    seen = sum(lowered.graph.tensor(t).nbytes for t in roots)
-    outside = max(0, lowered.variable_bytes - seen)
-    usable = int(budget * (1.0 - safety_margin)) - outside
-    if usable <= 0:
-        raise BudgetError(f"memory_budget of {budget} bytes does not even hold the step's "
-                          f"variables ({lowered.variable_bytes} bytes); raise it")
-    return usable, outside
-
 
 def first_attempt(prepared: Prepared) -> Attempt:
     """The attempt at the default threshold, layout and margin."""
@@ -926,11 +670,6 @@ def finish(found: Plan, captured, lowered, budget_bytes: int, outside_bytes: int
     user's budget, the graph's fingerprint, the variables in host memory and
     where their updates run, and a peak that counts the device bytes the
     planner does not see."""
-    import tensorflow as tf
-
-    from tfswap.tf import capture as capture_mod
-    from tfswap.tf.tensor_swaps import tensor_swaps
-
     found = tensor_swaps(found, lowered.graph)
     return dataclasses.replace(found, budget_bytes=budget_bytes,
                                tensorflow_version=tf.__version__,
@@ -971,8 +710,6 @@ def minimum_budget(prepared: Prepared, attempt: Attempt) -> int:
 
 def materialize(planned: Planned) -> Materialized:
     """The rewritten graph (swap ops, control edges) bound to the user's variables."""
-    from tfswap.tf import runtime
-
     prepared = planned.prepared
     rewritten = rewritten_graph(planned)
     return Materialized(planned, rewritten, runtime.bind(
@@ -983,8 +720,6 @@ def rewritten_graph(planned: Planned, **options):
     """The plan (and each other replica's plan, in turn, on the graph the previous
     ones left, each in a name scope of its own) rewritten into the captured graph
     (:func:`tfswap.tf.rewrite.rewrite`, ``options`` passed on: an emulated link)."""
-    from tfswap.tf import rewrite
-
     prepared = planned.prepared
     scope = f"{rewrite.SWAP_SCOPE}_replica_0" if prepared.replicas else rewrite.SWAP_SCOPE
     rewritten = rewrite.rewrite(prepared.captured, planned.plan, prepared.device, prepared.host,
@@ -1003,8 +738,6 @@ def rewritten_graph(planned: Planned, **options):
 
 def _arena_of(made: Materialized):
     """The budget arena the bound step's pool is registered with, if any."""
-    from tfswap.ops import allocator
-
     if made.bound.memory_scope is None:
         return None
     return allocator.installed_gpu_arena(made.planned.prepared.device)
@@ -1026,13 +759,9 @@ def arena_allocation(planned: Planned) -> Allocation:
 def _arena_scope(planned: Planned):
     """On a GPU that allocates from a budget arena (``install_gpu_arena``): the
     plan's pool registered with it, and what makes it serve each call."""
-    from tfswap.tf import measure
-
     prepared, plan = planned.prepared, planned.plan
     if prepared.peak_method != measure.ALLOCATOR or plan.allocation is None:
         return None
-    from tfswap.ops import allocator
-
     arena = allocator.installed_gpu_arena(prepared.device)
     if arena is None:
         return None
@@ -1058,8 +787,6 @@ def verify(made: Materialized) -> Verified:
         return Verified(made, None)
     if prepared.replicas:
         return _verify_replicas(made)
-    from tfswap.tf import measure
-
     if prepared.peak_method == measure.ALLOCATOR:   # GPU-only
         arena = _arena_of(made)
         strays = arena.stats().strays if arena is not None else 0
@@ -1102,10 +829,6 @@ def _replicated_timeout_s(prepared: Prepared) -> float:
 def _verify_replicas(made: Materialized) -> Verified:
     """Each replica's device measured as :func:`verify` measures one; the worst
     device's peak is the step's (the budget is per device)."""
-    import tensorflow as tf
-
-    from tfswap.tf import measure
-
     prepared = made.planned.prepared
     devices = (prepared.device,) + tuple(r.device for r in prepared.replicas)
     peaks, out_of_memory = {}, False
@@ -1218,10 +941,8 @@ def working_set_text(problem: Problem) -> str:
             f"bytes and small tensors up to {small_peak} bytes")
 
 
-__all__ = ["Attempt", "Lowered", "Materialized", "NoDeviceError", "Options", "PARAMETERS",
-           "Planned", "movable_parameters", "place_parameters", "restore_parameters",
-           "Prepared", "Verified", "after_infeasible", "finish", "first_attempt", "lower", "lower_default",
-           "materialize", "minimum_budget", "pin_parameters", "placement", "plan",
-           "planning_graph", "price_host_work", "price_writebacks", "host_work", "with_moved_costs",
-           "planner_budget", "prepare", "refine", "sample_inputs", "small_threshold",
-           "choose_spec", "spec_for", "verify", "with_budget", "working_set_text"]
+__all__ = ["Attempt", "Materialized", "Options", "PARAMETERS", "Planned", "Prepared",
+           "Verified", "after_infeasible", "finish", "first_attempt", "host_work",
+           "materialize", "minimum_budget", "movable_parameters", "place_parameters", "plan",
+           "prepare", "refine", "restore_parameters", "verify", "with_budget",
+           "with_moved_costs", "working_set_text"]

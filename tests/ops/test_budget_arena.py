@@ -16,6 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 from research import synthetic
 from tfswap import pipeline
+from tfswap.tf import lower as tf_lower
 from tfswap.core import layout
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import device_spec
@@ -206,7 +207,7 @@ def _pinned_step(seed: int, fraction: float):
     graph, the plan, and the resident parameters' bytes by name."""
     graph = synthetic.layered_training_step(300, seed=seed)
     cg = CompiledGraph.build(graph, 1 << 20, ())
-    graph = pipeline.pin_parameters(
+    graph = tf_lower.pin_parameters(
         graph, [cg.buf_names[b] for b in range(cg.n_buffers) if cg.buf_persistent[b]])
     ideal = plan_swaps(graph, 1 << 50, SPEC)
     plan = plan_swaps(graph, int(fraction * ideal.prediction.peak_bytes), SPEC)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tfswap import pipeline, zoo
+from tfswap.tf import lower as tf_lower
 from tfswap.core.devices import cpu_emulated
 from tfswap.tf import runtime
 
@@ -63,8 +64,8 @@ def in_schedule(prepared: pipeline.Prepared) -> pipeline.Prepared:
     captured, prof, spec = prepared.captured, prepared.profile, prepared.spec
     step = prepared.step
     peak = step.lowered.predicted_peak(depth_first_schedule(step.problem.graph))
-    if pipeline.small_threshold(peak) != step.small:
-        step = pipeline.lower(captured, prof, spec, pipeline.small_threshold(peak))
+    if tf_lower.small_threshold(peak) != step.small:
+        step = tf_lower.lower(captured, prof, spec, tf_lower.small_threshold(peak))
     schedule = tuple(depth_first_schedule(step.problem.graph))
     step = dataclasses.replace(step, problem=dataclasses.replace(step.problem,
                                                                  schedule=schedule))
@@ -107,7 +108,7 @@ def test_the_problem_does_not_depend_on_tfs_executed_order(planned):
     order = lowered.schedule(())
     other = dataclasses.replace(lowered.profile, executed_order=tuple(order),
                                 peak_bytes=lowered.predicted_peak(order))
-    again = dataclasses.replace(prepared, profile=other, step=pipeline.lower_default(
+    again = dataclasses.replace(prepared, profile=other, step=tf_lower.lower_default(
         prepared.captured, other, prepared.spec))
     plan = byte_plan(in_schedule(again)).plan
     assert plan.swaps and plan.allocation.total_bytes <= plan.budget_bytes

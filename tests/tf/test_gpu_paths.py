@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tfswap import pipeline, zoo
+from tfswap.tf import device as tf_device
 from tfswap.core.devices import DeviceSpec, device_spec
 from tfswap.tf import emulate, gpu, link, measure
 
@@ -30,11 +31,11 @@ def test_a_cpu_device_has_no_gpu_index():
 
 def test_a_named_gpu_gets_its_preset_not_the_v100s(monkeypatch):
     monkeypatch.setattr(gpu, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
-    spec, note = pipeline.choose_spec(None, "/device:GPU:0")
+    spec, note = tf_device.choose_spec(None, "/device:GPU:0")
     assert spec == device_spec("h100-80g-pcie5")
     assert "h100-80g-pcie5" in note and "NVIDIA H100 80GB HBM3" in note
     # What optimize, load_plan and SwapCallback (device_spec=None) resolve to.
-    assert pipeline.spec_for(None, "/device:GPU:0") == device_spec("h100-80g-pcie5")
+    assert tf_device.spec_for(None, "/device:GPU:0") == device_spec("h100-80g-pcie5")
 
 
 def test_an_unknown_gpu_is_measured_and_the_note_says_so(monkeypatch):
@@ -47,16 +48,16 @@ def test_an_unknown_gpu_is_measured_and_the_note_says_so(monkeypatch):
 
     monkeypatch.setattr(gpu, "device_name", lambda device: "NVIDIA H200")
     monkeypatch.setattr(gpu, "measured_spec", fake_measure)
-    spec, note = pipeline.choose_spec(None, "/device:GPU:0")
+    spec, note = tf_device.choose_spec(None, "/device:GPU:0")
     assert spec is measured and asked == [("/device:GPU:0", "NVIDIA H200")]
     assert "no preset describes 'NVIDIA H200'" in note and "measured" in note
 
 
 def test_a_given_spec_and_the_emulated_device_need_no_detection(monkeypatch):
     monkeypatch.setattr(gpu, "device_name", lambda device: pytest.fail("detected a GPU"))
-    assert pipeline.choose_spec("a100-40g-pcie4", "/device:GPU:0") == (
+    assert tf_device.choose_spec("a100-40g-pcie4", "/device:GPU:0") == (
         device_spec("a100-40g-pcie4"), None)
-    spec, note = pipeline.choose_spec(None, emulate.DEVICE)
+    spec, note = tf_device.choose_spec(None, emulate.DEVICE)
     assert spec.name == "cpu-emulated" and note is None
 
 

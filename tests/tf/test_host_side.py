@@ -182,12 +182,13 @@ def test_an_update_place_is_checked():
 
 def test_work_on_the_host_is_priced_at_the_hosts_speed_and_its_reads_leave_the_device():
     from tfswap import pipeline
+    from tfswap.tf import lower as tf_lower
     from tfswap.core.devices import cpu_emulated, device_spec
 
     step = zoo.embedding(vocab=2000, variables_on=emulate.HOST)
     captured = host_side.updates_on_host(host_captured(step),
                                          table_group(host_captured(step)))
-    lowered = pipeline.lower(captured, None, cpu_emulated(), 4096).lowered
+    lowered = tf_lower.lower(captured, None, cpu_emulated(), 4096).lowered
     group = table_group(host_captured(step))
     gather = next(n.name for n in captured.graph_def.node if n.op == "GatherV2")
     assert set(group.ops) | {gather} <= set(lowered.host_ops)
@@ -201,11 +202,11 @@ def test_work_on_the_host_is_priced_at_the_hosts_speed_and_its_reads_leave_the_d
     rows = lowered.graph.tensor(f"{gather}:0")
     assert rows.kind == "parameter" and rows.nbytes == step.batch[0].size * 64 * 4
     h100 = device_spec("h100-80g-pcie5")
-    priced = pipeline.price_host_work(lowered.graph, lowered.host_ops, h100)
+    priced = tf_lower.price_host_work(lowered.graph, lowered.host_ops, h100)
     for name, nbytes in lowered.host_ops.items():
         assert priced.op(name).time_s == pytest.approx(
             max(ops[name].time_s, nbytes / h100.host_memory_bandwidth_bytes_per_s))
-    assert pipeline.price_host_work(lowered.graph, lowered.host_ops, cpu_emulated()) \
+    assert tf_lower.price_host_work(lowered.graph, lowered.host_ops, cpu_emulated()) \
         is lowered.graph
 
 

@@ -1,0 +1,135 @@
+"""Where a step runs and what is known of that device before planning: the
+device and host (:func:`placement`), the device's figures (:func:`choose_spec`),
+the budget arena it may allocate from (:func:`check_arena`), sample inputs and
+the step's profile (:func:`profile_step`).
+
+Example::
+
+    device, host = placement(None, None)      # the emulated device, or the first GPU
+    spec, note = choose_spec(None, device)
+    prof = profile_step(captured, "auto", spec, sample_inputs(captured, 0), device)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from tfswap.core.budget import BudgetError
+from tfswap.core.devices import DeviceSpec, cpu_emulated, device_spec as resolve_spec
+from tfswap.ops import allocator
+from tfswap.tf import emulate, gpu
+from tfswap.tf import profile as profiler
+
+PROFILES = ("auto", "trace", "isolated", "analytic")
+
+
+class NoDeviceError(RuntimeError):
+    """Neither a GPU nor the emulated device is there to run the step on."""
+
+
+def placement(device: str | None, host: str | None) -> tuple[str, str]:
+    """Where the step runs and where swapped tensors wait."""
+    if device is not None or host is not None:
+        if device is None or host is None:
+            raise ValueError("pass both device and host (e.g. '/device:GPU:0' and "
+                             "'/device:CPU:0'), or neither")
+        return device, host
+    if emulate.is_active():
+        return this_worker(emulate.DEVICE), this_worker(emulate.HOST)
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        return this_worker(gpus[0].name), this_worker("/device:CPU:0")
+    raise NoDeviceError(
+        "tfswap found no GPU and the emulated device is not set up. On a machine without "
+        "a GPU call tfswap.tf.emulate.setup() before TensorFlow creates its devices (before "
+        "building models), or pass device= and host= explicitly.")
+
+
+def this_worker(device: str) -> str:
+    """``device`` of this process's worker: as given on one machine; with the job
+    and task of this worker where the process is one of a cluster's
+    (``MultiWorkerMirroredStrategy``), whose other workers have a device of the
+    same name, which a bare name would not tell apart."""
+    space = tf.DeviceSpec.from_string(context.context().host_address_space())
+    if space.job in (None, "localhost"):
+        return device
+    return tf.DeviceSpec.from_string(device).make_merged_spec(space).to_string()
+
+
+def spec_for(device_spec, device: str) -> DeviceSpec:
+    """The device's figures (:func:`choose_spec`)."""
+    return choose_spec(device_spec, device)[0]
+
+
+def choose_spec(device_spec, device: str) -> tuple[DeviceSpec, str | None]:
+    """(the device's figures, a note saying where they come from when not given).
+
+    The given spec; on a CPU, the emulated device's; on a GPU, the preset for
+    the GPU's name ("NVIDIA H100 80GB HBM3" -> "h100-80g-pcie5"), else the GPU's
+    figures measured once and cached (:mod:`tfswap.tf.gpu`).
+    """
+    if device_spec is not None:
+        return resolve_spec(device_spec), None
+    if "CPU" in device.upper():
+        return cpu_emulated(), None
+    return gpu.spec_for_gpu(device)   # GPU-only
+
+
+def sample_inputs(captured, seed: int) -> list:
+    """Inputs of the right shapes and dtypes for profiling runs (never the user's data)."""
+    rng = np.random.default_rng(seed)
+    values = []
+    for arg in captured.args:
+        dtype = arg.dtype.as_numpy_dtype
+        if arg.dtype.is_floating:
+            values.append(rng.standard_normal(arg.shape).astype(dtype))
+        else:  # integer ids and labels: zeros are in range for any vocabulary
+            values.append(np.zeros(arg.shape, dtype=dtype))
+    return values
+
+
+def profile_step(captured, kind: str, spec: DeviceSpec, feed, device: str):
+    """The step's profile of ``kind`` (:data:`PROFILES`; "auto": traced, else each op
+    timed alone where the unmodified step does not fit)."""
+    if kind == "analytic":
+        return profiler.analytic(captured, spec)
+    # An op the isolated profile cannot run alone is priced for this device (a GPU's
+    # ops priced as the emulated CPU's made a BERT-style step's ideal 5.1 s for a 16 ms
+    # step on an H200, 2026-11-26).
+    if kind == "isolated":
+        return profiler.isolated(captured, device=device, fallback=spec)
+    try:
+        return profiler.trace(captured, feed, device=device)
+    except tf.errors.ResourceExhaustedError:
+        if kind == "trace":
+            raise
+        # "auto": the unmodified step does not fit; time each op alone instead.
+        return profiler.isolated(captured, device=device, fallback=spec)
+
+
+def profile_note(prof, seconds: float) -> str:
+    """How the step was profiled; for an isolated profile, how many ops were timed
+    alone and how many priced from the device spec instead."""
+    note = f"profile: {prof.source}, {seconds:.1f} s"
+    if prof.source != "isolated":
+        return note
+    priced = sum(op.source == "analytic" for op in prof.ops)
+    return note + (f" ({len(prof.ops) - priced} of {len(prof.ops)} ops timed alone, {priced} "
+                   "priced from the device spec: ops that launch no kernel or cannot run alone)")
+
+
+def check_arena(budget: int, asked, device: str) -> None:
+    """A budget above the budget arena the device allocates from cannot hold."""
+    arena = allocator.installed_gpu_arena(device)
+    arena_bytes = arena.stats().arena_bytes if arena is not None else None
+    if arena_bytes is not None and budget > arena_bytes:
+        raise BudgetError(
+            f"memory_budget {asked!r} ({budget} bytes) is more than the budget arena "
+            f"{device} allocates from ({arena_bytes} bytes, install_gpu_arena); "
+            "pass at most that")
+
+
+__all__ = ["NoDeviceError", "PROFILES", "check_arena", "choose_spec", "placement",
+           "profile_note", "profile_step", "sample_inputs", "spec_for", "this_worker"]
