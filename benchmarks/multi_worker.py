@@ -44,12 +44,13 @@ def worker(index: int, ports: list[int], fraction: float, steps: int, generation
 
     import tfswap
     from tfswap import pipeline, zoo
+    from tfswap import options as options_mod
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     reference = zoo.replicated(zoo.cnn, strategy, batch=16, blocks=4)
     step = zoo.replicated(zoo.cnn, strategy, batch=16, blocks=4)
     analytic = dict(profile="analytic", verify_rounds=0, workers=1, inputs=step.batch)
-    whole = pipeline.prepare(step.concrete_fn, pipeline.Options.of(1.0, generations=1,
+    whole = pipeline.prepare(step.concrete_fn, options_mod.Options.of(1.0, generations=1,
                                                                     **analytic))
     peak = whole.step.unconstrained.prediction.peak_bytes
     budget = int(fraction * peak)

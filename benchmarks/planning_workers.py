@@ -33,6 +33,7 @@ emulate.setup()
 
 import tfswap  # noqa: E402
 from tfswap import pipeline, zoo  # noqa: E402
+from tfswap import options as options_mod
 from tfswap.tf import capture, measure  # noqa: E402
 
 
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
     peak = measure.measure(captured, captured.graph_def, step.batch, inter_op_threads=1).peak_bytes
     budget = int(args.fraction * peak)
     options = dict(generations=args.generations, seed=0, inputs=step.batch)
-    prepared = pipeline.prepare(step.concrete_fn, pipeline.Options.of(budget, **options))
+    prepared = pipeline.prepare(step.concrete_fn, options_mod.Options.of(budget, **options))
     attempt = pipeline.first_attempt(prepared)
 
     whole = {1: [], 2: []}
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
             fast = tfswap.optimize(step.concrete_fn, budget, workers=workers, **options)
             whole[workers].append(time.perf_counter() - t0)
             assert fast.measured_peak_bytes <= budget, fast.report()
-            p = dataclasses.replace(prepared, options=pipeline.Options.of(
+            p = dataclasses.replace(prepared, options=options_mod.Options.of(
                 budget, workers=workers, **options))
             t0 = time.perf_counter()
             plans[workers].add(pipeline.plan(p, attempt).plan.id)

@@ -17,7 +17,7 @@ step (2 executor threads, one per replica's chain), and 2 traced runs for each
 device's peak.
 
 Time columns.  The replicas simulated together
-(``pipeline.replicated_prediction``: one clock, their copies sharing the link,
+(``tfswap.replicas.replicated_prediction``: one clock, their copies sharing the link,
 their all-reduces meeting), as ``optimize`` predicts the step
 (``joint_slowdown``: the plans as the planner prices copies, over the
 unmodified replicas simulated together) and as the fidelity benchmark
@@ -69,6 +69,8 @@ def study(name: str, fraction: float, link: float, runs: int, generations: int,
     import numpy as np
 
     from tfswap import pipeline, zoo
+    from tfswap import options as options_mod
+    from tfswap import replicas as replicas_mod
     from tfswap.core import simulator
     from tfswap.core.devices import cpu_emulated
     from tfswap.tf import emulate, measure, rewrite
@@ -77,7 +79,7 @@ def study(name: str, fraction: float, link: float, runs: int, generations: int,
     devices = emulate.replica_devices(2)
     step = zoo.replicated(getattr(zoo, builder), STRATEGY, **kwargs)
     spec = cpu_emulated(link_bytes_per_s=link)
-    options = pipeline.Options.of(1, device=emulate.DEVICE, host=emulate.HOST,
+    options = options_mod.Options.of(1, device=emulate.DEVICE, host=emulate.HOST,
                                   device_spec=spec, generations=generations, workers=1,
                                   inputs=step.batch)
     prepared = pipeline.prepare(step.concrete_fn, options)
@@ -92,7 +94,7 @@ def study(name: str, fraction: float, link: float, runs: int, generations: int,
     plans = [planned.plan] + list(planned.replica_plans)
     # Each device's step as planned (a replica at the attempt's threshold).
     planned_on = [planned.attempt.step] + [
-        pipeline.replica_attempt(prepared, planned.attempt, r).step for r in prepared.replicas]
+        replicas_mod.replica_attempt(prepared, planned.attempt, r).step for r in prepared.replicas]
     unshared, live = [], []
     for st, plan in zip(planned_on, plans):
         problem = st.problem
@@ -165,10 +167,10 @@ def study(name: str, fraction: float, link: float, runs: int, generations: int,
 
 def together(prepared, steps, plans, scale=1.0, spec=None, moved=False, **options):
     """The devices' plans on their lowered steps simulated together
-    (``pipeline.replicated_prediction``); ``scale``: every op's time multiplied by
+    (``tfswap.replicas.replicated_prediction``); ``scale``: every op's time multiplied by
     it; ``moved``: each copy at the bytes the rewrite moves (the tensor it
     copies, where the plan's swap is of a part of its buffer)."""
-    from tfswap import pipeline
+    from tfswap import replicas as replicas_mod
     from tfswap.core import simulator
 
     members = []
@@ -179,7 +181,7 @@ def together(prepared, steps, plans, scale=1.0, spec=None, moved=False, **option
                       for sw in plan.swaps} if moved else None
         members.append(simulator.Replica(st.problem.graph, plan, keep=st.problem.keep,
                                          compiled=cg, copy_bytes=copy_bytes))
-    joint, note = pipeline.replicated_prediction(prepared, members, spec=spec, **options)
+    joint, note = replicas_mod.replicated_prediction(prepared, members, spec=spec, **options)
     if joint is None:
         raise RuntimeError(note)
     return joint

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from tfswap import anytime, pipeline
+from tfswap import options as options_mod
+from tfswap import parameters as parameters_mod
 from tfswap.tf import lower as tf_lower
 from tfswap.tf import device as tf_device
 from tfswap.core import search as ga
@@ -211,7 +213,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     ``workers`` is given); its plan, verified, takes over at a later call
     (:mod:`tfswap.anytime`).
     Every argument
-    is described, with its unit and default, in :class:`tfswap.pipeline.Options`;
+    is described, with its unit and default, in :class:`tfswap.options_mod.Options`;
     the stages are :mod:`tfswap.pipeline`'s.  Returns an
     :class:`OptimizedFunction`; a step that already fits gets no swaps.
 
@@ -221,7 +223,7 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
         fast(x, y)                     # same results as cf(x, y)
         print(fast.report())
     """
-    options = pipeline.Options.of(
+    options = options_mod.Options.of(
         memory_budget, device=device, host=host, device_spec=device_spec, profile=profile,
         search_time_s=search_time, generations=generations, seed=seed, workers=workers,
         executor=executor, inputs=inputs, safety_margin=safety_margin,
@@ -270,17 +272,17 @@ def _placed(prepared: pipeline.Prepared) -> tuple[OptimizedFunction, pipeline.Pr
     except BudgetError:
         # "auto": no plan fits with the parameters on the device; try them on the host.
         if prepared.options.parameters == "device" or \
-                not pipeline.movable_parameters(prepared):
+                not parameters_mod.movable_parameters(prepared):
             raise
         return _on_host(prepared)
 
 
 def _on_host(prepared: pipeline.Prepared) -> tuple[OptimizedFunction, pipeline.Prepared]:
-    moved = pipeline.place_parameters(prepared)
+    moved = parameters_mod.place_parameters(prepared)
     try:
         return _planned(moved), moved
     except BaseException:
-        pipeline.restore_parameters(moved)   # no plan: the user's variables go back
+        parameters_mod.restore_parameters(moved)   # no plan: the user's variables go back
         raise
 
 
@@ -406,7 +408,7 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
         if to_move:   # the plan ran with these in host memory: put them there again
             relocation = homes.move_to_host([c.variable for c in to_move], host)
             captured = homes.rehomed(captured, relocation)
-        if captured.host_homed:   # as optimize planned it (pipeline.place_parameters)
+        if captured.host_homed:   # as optimize planned it (parameters_mod.place_parameters)
             captured, _ = homes.updates_on_device(captured, device)
             captured, _ = host_side.gathers_on_host(captured)
             try:

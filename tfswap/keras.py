@@ -47,6 +47,7 @@ from tensorflow.python.util import nest
 
 import tfswap
 from tfswap import pipeline
+from tfswap import options as options_mod
 from tfswap.core.budget import parse_budget
 
 KINDS = ("train", "test", "predict")
@@ -274,8 +275,8 @@ class SwapCallback(keras.callbacks.Callback):
             raise ValueError(f"search_time must be > 0 seconds, got {search_time!r}")
         if generations is not None and (not isinstance(generations, int) or generations < 1):
             raise ValueError(f"generations must be an int >= 1 or None, got {generations!r}")
-        if parameters not in pipeline.PARAMETERS:
-            raise ValueError(f"parameters must be one of {pipeline.PARAMETERS} (where the "
+        if parameters not in options_mod.PARAMETERS:
+            raise ValueError(f"parameters must be one of {options_mod.PARAMETERS} (where the "
                              f"model's variables live between steps), got {parameters!r}")
         if new_shapes not in NEW_SHAPES:
             raise ValueError(f"new_shapes must be one of {NEW_SHAPES}, got {new_shapes!r}")

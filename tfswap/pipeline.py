@@ -38,7 +38,6 @@ import dataclasses
 import inspect
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,14 +50,17 @@ from tfswap.core.devices import DeviceSpec
 from tfswap.core.infeasible import Infeasible
 from tfswap.core.plan import Allocation, Plan, Prediction
 from tfswap.core.problem import Problem
-from tfswap.core.profile import OpProfile
 from tfswap.core.program import from_plan
 from tfswap.core.simulator import simulate
 from tfswap.ops import allocator
 from tfswap.tf import capture as capture_mod
-from tfswap.tf import emulate, homes, host_side, ir, measure, rewrite, runtime, update_places
-from tfswap.tf.device import (PROFILES, check_arena, choose_spec, placement, profile_note,
-                              profile_step, sample_inputs)
+from tfswap.tf import emulate, homes, ir, measure, rewrite, runtime
+from tfswap.options import Options
+from tfswap.parameters import host_work
+from tfswap.replicas import (Replica, ReplicasStuckError, measure_replicas, replica_attempt,
+                             replica_of, replicated_prediction)
+from tfswap.tf.device import (check_arena, choose_spec, placement, profile_note, profile_step,
+                              sample_inputs)
 from tfswap.tf.lower import (SMALLEST_SMALL_BYTES, Lowered, lower, lower_default,
                              planner_budget, small_threshold)
 from tfswap.tf.shapes import refuse_unsized
@@ -73,137 +75,7 @@ NO_SWAP = "tfswap.no-swap"   # the planner name of a step that fits as it is
 FIRST_LAYOUT = "shared"
 # A rewritten replicated step that runs this many times its unmodified step (at
 # least the minimum) is taken as stuck: replicas waiting for each other never return.
-REPLICATED_TIMEOUT_FACTOR = 100
-REPLICATED_MIN_TIMEOUT_S = 60.0
 PARAMETERS = ("auto", "device", "host")   # where variables live between steps
-
-
-@dataclass(frozen=True)
-class Options:
-    """The validated arguments of :func:`tfswap.optimize`.
-
-    ``memory_budget``: bytes (int), a string such as "12GiB", or a fraction
-    of the device's memory (float in (0, 1]).  ``device``/``host``: where the
-    step runs and where swapped tensors wait (default: the emulated device if
-    set up, else the first GPU and CPU:0).  Variables stay where they live:
-    a model and optimizer created under ``tf.device(host)`` keep their
-    parameters and optimizer state in host memory, and the plan fetches each
-    read before its use on the device (SwapAdvisor's parameter swapping; the
-    updates run on the host).  ``device_spec``: the device's
-    figures for the simulator (default "cpu-emulated" on the emulated device;
-    on a GPU the preset for its name, e.g. "h100-80g-pcie5" for an "NVIDIA H100
-    80GB HBM3", or for a GPU no preset describes its figures measured once and
-    cached; a note in the report says which).  ``profile``: "trace" (run the step),
-    "isolated" (time each op alone; for steps that do not fit), "analytic"
-    (roofline from ``device_spec``), or "auto" (trace, else isolated).
-    ``search_time``: seconds the whole call may take (profiling, every search
-    and verification together); ``generations``: stop each search after this
-    many generations instead, with no time limit (then the same seed gives
-    the same plan on any machine).  ``seed``: the search's seed.
-    ``workers``: threads that score candidates (default: all cores; no
-    process is started, so a script without a main guard is safe), or with
-    ``executor`` (any ``concurrent.futures.Executor``: a process pool, Dask's
-    ``Client.get_executor()``) chunks per batch.  ``inputs``: sample
-    arguments for the traced profile (default: random of the right shape).
-    ``safety_margin``: fraction of the budget kept free for what the memory
-    model does not see (kernel workspaces TF allocates outside the profile).
-    ``small_tensor_bytes``: tensors below this live in a small pool and are
-    never swapped (default: 1/1024 of the step's no-swap device peak, between
-    4 KiB and 1 MiB, so that small models still have tensors worth moving;
-    if no plan fits with it, 4 KiB).
-    ``planner``: the registered planner (:mod:`tfswap.core.planners`) that
-    plans the step: "tfswap" (default) keeps the fastest plan, as simulated,
-    of the genetic search, the byte-cap planner, TensorFlow's order and
-    recomputation alone (:func:`tfswap.core.planners.default`); another name
-    (e.g. "tfswap.ga", the search alone) runs that planner only, for
-    ablations.  Pool objects never in use together share memory; where the
-    peak is verified, a plan that measures over the budget is planned again
-    with a disjoint pool (each object its own memory), whose rounding leaves
-    room for what the model misses.
-    ``verify_rounds``: where the device's peak can be measured (the emulated
-    device: 3 runs in each of 2 sessions; a GPU: its allocator's peak over 3
-    runs of the rewritten step), the rewritten step is measured and, if it
-    needs more than the budget, planned again with the excess taken off, up to
-    this many times (0: trust the model).
-    ``parameters``: where the step's variables live between steps (one of
-    :data:`PARAMETERS`; :mod:`tfswap.tf.homes`): "device" keeps them where
-    the user created them; "host" moves every one to host memory, and the plan
-    fetches each value read before its use; "auto" keeps them on the device
-    when the step can be planned within the budget that way, else moves the
-    variables of at least the small-tensor threshold.  Moved variables stay
-    the user's objects (``get_weights``, checkpoints and ``save`` see every
-    update); they are put back if planning fails.
-    ``recompute``: the plan may recompute a tensor instead of swapping it where
-    the simulator says that is faster (elementwise ops, normalizations and the
-    like, :mod:`tfswap.tf.recomputable`; :mod:`tfswap.core.recompute`); False:
-    swaps only.
-    """
-
-    memory_budget: Any
-    device: str | None = None
-    host: str | None = None
-    device_spec: str | DeviceSpec | None = None
-    profile: str = "auto"
-    search_time_s: float = 60.0
-    generations: int | None = None
-    seed: int = 0
-    workers: int | None = None
-    executor: Executor | None = None
-    inputs: Any = None
-    safety_margin: float = 0.05
-    small_tensor_bytes: int | None = None
-    verify_rounds: int = 3
-    planner: str = planners.DEFAULT_PLANNER
-    progress: bool = False
-    parameters: str = "auto"
-    recompute: bool = True
-
-    @classmethod
-    def of(cls, memory_budget, **kwargs) -> "Options":
-        options = cls(memory_budget, **kwargs)
-        options.check()
-        return options
-
-    def check(self) -> None:
-        if self.profile not in PROFILES:
-            raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
-        if self.parameters not in PARAMETERS:
-            raise ValueError(f"parameters must be one of {PARAMETERS} (where the step's "
-                             f"variables live between steps), got {self.parameters!r}")
-        if self.planner not in planners.PLANNERS:
-            raise ValueError(f"planner must be one of the registered planners "
-                             f"{sorted(planners.PLANNERS)}, got {self.planner!r} (the default, "
-                             f"{planners.DEFAULT_PLANNER!r}, keeps the fastest of them)")
-        if not 0.0 <= self.safety_margin < 1.0:
-            raise ValueError(f"safety_margin must be a fraction in [0, 1), got "
-                             f"{self.safety_margin!r}")
-        if not (isinstance(self.search_time_s, (int, float)) and self.search_time_s > 0):
-            raise ValueError(f"search_time must be > 0 seconds, got {self.search_time_s!r}")
-        small = self.small_tensor_bytes
-        if small is not None and (isinstance(small, bool) or not isinstance(small, int)
-                                  or small < 0):
-            raise ValueError(f"small_tensor_bytes must be an int >= 0 (bytes), got {small!r}")
-        if not isinstance(self.recompute, bool):
-            raise ValueError(f"recompute must be True or False, got {self.recompute!r}")
-        if isinstance(self.verify_rounds, bool) or not isinstance(self.verify_rounds, int) \
-                or self.verify_rounds < 0:
-            raise ValueError(f"verify_rounds must be an int >= 0, got {self.verify_rounds!r}")
-        # The search's own arguments are checked where they are defined.
-        search.SearchConfig(time_budget_s=None, max_generations=self.generations or 0,
-                            seed=self.seed, workers=self.workers, executor=self.executor,
-                            progress=self.progress)
-
-
-@dataclass(frozen=True)
-class Replica:
-    """Another replica of a step a ``tf.distribute`` strategy replicates: its
-    device (the budget is per device), the step as captured on it, its profile
-    and its lowering (:func:`tfswap.tf.ir.lower` keeps this device's part)."""
-
-    device: str
-    captured: Any
-    profile: Any
-    step: Lowered
 
 
 @dataclass(frozen=True)
@@ -352,7 +224,8 @@ def prepare(concrete_fn, options: Options) -> Prepared:
         lower_default(captured, prof, spec, options.recompute)
     if prof.source != "trace":
         refuse_unsized(captured, step.lowered, prof.source)
-    replicas = tuple(_replica(captured, d, options, spec, feed) for d in captured.replicas[1:])
+    replicas = tuple(replica_of(captured, d, options, spec, feed)
+                     for d in captured.replicas[1:])
     notes = (spec_note,) if spec_note else ()
     if captured.other_workers:
         notes += ("its collectives have members on other workers (MultiWorkerMirroredStrategy): "
@@ -366,101 +239,6 @@ def prepare(concrete_fn, options: Options) -> Prepared:
                     update_places=places, replicas=replicas,
                     rendezvous=ir.rendezvous(captured) if replicas else (), unplaced=unplaced,
                     unshared_spec=unshared if replicas else None)
-
-
-def _replica(captured, device: str, options: Options, spec: DeviceSpec, feed) -> Replica:
-    """Replica ``device`` of a replicated step, profiled and lowered as the first one."""
-    on = dataclasses.replace(captured, device=device)
-    prof = profile_step(on, options.profile, spec, feed, device)
-    step = lower(on, prof, spec, options.small_tensor_bytes, options.recompute) \
-        if options.small_tensor_bytes is not None else \
-        lower_default(on, prof, spec, options.recompute)
-    return Replica(device, on, prof, step)
-
-
-def place_parameters(prepared: Prepared) -> Prepared:
-    """The step with variables moved to host memory as ``options.parameters`` says:
-    "host" every variable, "auto" those of at least the small-tensor threshold
-    (:mod:`tfswap.tf.homes`); "device" none.  The step is lowered again on the
-    same profile: the ops are the same, only the moved variables' reads and
-    updates run on the host.  :func:`tfswap.optimize` calls it first for
-    "host", and for "auto" after no plan fitted with the parameters on the
-    device.  Undo with :func:`restore_parameters` if planning fails.
-    """
-    picked = movable_parameters(prepared)
-    if not picked:
-        return prepared
-    relocation = homes.move_to_host([c.variable for c in picked], prepared.host)
-    unplaced, unplaced_profile = prepared.unplaced or (prepared.captured, prepared.profile)
-    try:
-        # Variables already in host memory (the user's, or moved by another plan) had
-        # their updates made on the device before profiling: ``made`` holds the new ones.
-        moved, made = homes.updates_on_device(homes.rehomed(unplaced, relocation),
-                                              prepared.device)
-        moved_profile = with_moved_costs(unplaced_profile, made)
-        captured, prof, places = host_work(moved, moved_profile, prepared.spec, prepared.device,
-                                           prepared.budget_bytes, prepared.options,
-                                           prepared.step.small)
-        step = lower(captured, prof, prepared.spec, prepared.step.small,
-                     prepared.options.recompute)
-    except BaseException:
-        relocation.undo()
-        raise
-    return dataclasses.replace(prepared, captured=captured, profile=prof, step=step,
-                               relocation=relocation, update_places=places,
-                               unplaced=(moved, moved_profile),
-                               notes=prepared.notes + (relocation.describe(),))
-
-
-def host_work(captured, prof, spec: DeviceSpec, device: str, budget: int, options: Options,
-              small: int):
-    """(captured, profile, update places): the gathers of host tables run on the host
-    (:func:`tfswap.tf.host_side.gathers_on_host`) and each update of host variables
-    placed where the simulator predicts the fastest step
-    (:mod:`tfswap.tf.update_places`: the plan on TensorFlow's order, at this
-    budget)."""
-    captured, _ = host_side.gathers_on_host(captured)
-
-    def price(candidate, candidate_profile) -> float:
-        try:
-            step = lower(candidate, candidate_profile, spec, small)
-            usable, _ = planner_budget(budget, step.lowered, options.safety_margin)
-            found = planners.run("tfswap.order", step.problem, usable, spec).plan
-        except (Infeasible, BudgetError):
-            return float("inf")
-        return found.prediction.step_time_s
-
-    placed = update_places.choose(captured, prof, device,
-                                  int(budget * (1.0 - options.safety_margin)), price)
-    return placed.captured, placed.profile, placed.places
-
-
-def with_moved_costs(prof, moved: dict):
-    """``prof`` with each op in ``moved`` (new op -> the op it took the work of)
-    costing what that op cost, and that op nothing: the arithmetic of an
-    in-place update profiled on the device, now done by a device op while the
-    host only stores the result (:func:`tfswap.tf.homes.updates_on_device`)."""
-    if not moved:
-        return prof
-    taken = set(moved.values())
-    ops = [dataclasses.replace(op, time_s=0.0, scratch_bytes=0) if op.name in taken else op
-           for op in prof.ops]
-    ops += [OpProfile(name=new, type=prof.op(old).type, time_s=prof.op(old).time_s,
-                      source=prof.op(old).source) for new, old in moved.items() if old in prof]
-    return dataclasses.replace(prof, ops=tuple(ops), _index={})
-
-
-def movable_parameters(prepared: Prepared) -> tuple:
-    """The captured device variables :func:`place_parameters` would move."""
-    if prepared.options.parameters == "device" or prepared.replicas:
-        return ()
-    return homes.chosen(prepared.captured, prepared.options.parameters, prepared.step.small)
-
-
-def restore_parameters(prepared: Prepared) -> None:
-    """Put back on the device what :func:`place_parameters` moved (values kept)."""
-    if prepared.relocation is not None:
-        prepared.relocation.undo()
 
 
 def with_budget(prepared: Prepared, memory_budget) -> Prepared:
@@ -529,52 +307,6 @@ def plan(prepared: Prepared, attempt: Attempt, planner: str | None = None,
         compiled=p.attempt.step.problem.compiled) for p in per_device])
     return dataclasses.replace(planned, replica_plans=tuple(p.plan for p in others),
                                replicated=joint, notes=notes + (note,))
-
-
-def replicated_prediction(prepared: Prepared, members, spec: DeviceSpec | None = None,
-                          **options):
-    """A replicated step's devices (``members``: a :class:`tfswap.core.simulator.Replica`
-    per device, the first replica's first) simulated together: their copies
-    sharing the host's link (``spec``, by default the device's before its share,
-    ``prepared.unshared_spec``), their collectives meeting
-    (:func:`tfswap.core.simulator.simulate_replicas`, ``options`` passed on).
-    (result, note); the result is None where a pool runs out in ``options``' copy
-    order.  Raises :class:`ReplicasStuckError` where the plans wait for each other:
-    their rewritten step would never finish, and with ``verify_rounds=0`` nothing
-    would run it before the user's training does."""
-    present = [{op.name for op in m.graph.ops} for m in members]
-    groups = [g for g in prepared.rendezvous if all(n in ops for n, ops in zip(g, present))]
-    try:
-        joint = simulator.simulate_replicas(members, spec or prepared.unshared_spec,
-                                            rendezvous=groups, **options)
-    except simulator.Deadlock as err:
-        raise ReplicasStuckError(
-            f"the replicas' plans wait for each other as simulated together ({err}): their "
-            "rewritten step would never finish (a tfswap bug: please report it with the "
-            "step). The unmodified step is untouched.") from err
-    except simulator.PlanError as err:
-        return None, (f"the replicas' plans do not run together as simulated ({err}): no "
-                      "prediction for the replicated step")
-    alone = max(m.plan.prediction.step_time_s for m in members)
-    return joint, (f"the replicas together (sharing the link, meeting at {len(groups)} "
-                   f"collective(s)): predicted step {joint.step_time_s * 1e3:.3g} ms (each "
-                   f"planned alone at its share of the link: {alone * 1e3:.3g} ms at most)")
-
-
-def replica_attempt(prepared: Prepared, attempt: Attempt, replica: Replica) -> Attempt:
-    """``attempt`` for another replica: its lowering (at the attempt's small-tensor
-    threshold), its planner budget less what the attempt's remedies took off the
-    first replica's."""
-    step = replica.step
-    if step.small != attempt.step.small:
-        step = lower(replica.captured, replica.profile, prepared.spec, attempt.step.small,
-                     prepared.options.recompute)
-    first, _ = planner_budget(prepared.budget_bytes, attempt.step.lowered,
-                              prepared.options.safety_margin)
-    usable, outside = planner_budget(prepared.budget_bytes, step.lowered,
-                                     prepared.options.safety_margin)
-    return dataclasses.replace(attempt, step=step, outside_bytes=outside,
-                               planner_budget=usable - (first - attempt.planner_budget))
 
 
 def _plan_one(prepared: Prepared, attempt: Attempt, profile, planner, options,
@@ -786,7 +518,7 @@ def verify(made: Materialized) -> Verified:
     if not prepared.verifiable or all(p.planner == NO_SWAP for p in plans):
         return Verified(made, None)
     if prepared.replicas:
-        return _verify_replicas(made)
+        return Verified(made, *measure_replicas(made, VERIFY_SESSIONS))
     if prepared.peak_method == measure.ALLOCATOR:   # GPU-only
         arena = _arena_of(made)
         strays = arena.stats().strays if arena is not None else 0
@@ -812,49 +544,6 @@ def verify(made: Materialized) -> Verified:
     return Verified(made, peak, f"the step stats of the emulated device {prepared.device} "
                     f"(allocation records), worst of 3 runs in each of {VERIFY_SESSIONS} "
                     "sessions")
-
-
-class ReplicasStuckError(RuntimeError):
-    """A replicated step's replicas' plans wait for each other across a collective:
-    simulated together before anything runs, or its rewritten graph measured."""
-
-
-def _replicated_timeout_s(prepared: Prepared) -> float:
-    """How long one run of a rewritten replicated step may take before it is taken
-    as stuck: 100 times the unmodified step (its profile), at least a minute."""
-    step = sum(op.time_s for op in prepared.profile.ops)
-    return max(REPLICATED_MIN_TIMEOUT_S, REPLICATED_TIMEOUT_FACTOR * step)
-
-
-def _verify_replicas(made: Materialized) -> Verified:
-    """Each replica's device measured as :func:`verify` measures one; the worst
-    device's peak is the step's (the budget is per device)."""
-    prepared = made.planned.prepared
-    devices = (prepared.device,) + tuple(r.device for r in prepared.replicas)
-    peaks, out_of_memory = {}, False
-    for device in devices:
-        if prepared.peak_method == measure.ALLOCATOR:   # GPU-only
-            m = measure.allocator_peak(made.bound, prepared.feed, prepared.captured, device,
-                                       runs=3, warmup=1)
-            peaks[device], out_of_memory = m.peak_bytes, out_of_memory or m.out_of_memory
-        else:
-            on = dataclasses.replace(prepared.captured, device=device)
-            try:
-                peaks[device] = max(measure.measure(
-                    on, made.rewritten.graph_def, prepared.feed, runs=3, warmup=1,
-                    device=device, timeout_s=_replicated_timeout_s(prepared)).peak_bytes
-                    for _ in range(VERIFY_SESSIONS))
-            except tf.errors.DeadlineExceededError as err:
-                raise ReplicasStuckError(
-                    f"the rewritten replicated step did not finish within "
-                    f"{_replicated_timeout_s(prepared):.0f} s on the emulated devices: its "
-                    "replicas' plans wait for each other (a tfswap bug: please report it with "
-                    "the step). The unmodified step is untouched.") from err
-    how = "the allocator" if prepared.peak_method == measure.ALLOCATOR else \
-        f"step stats, worst of 3 runs in each of {VERIFY_SESSIONS} sessions"
-    return Verified(made, max(peaks.values()),
-                    "per device (" + ", ".join(f"{d}: {b} B" for d, b in peaks.items()) +
-                    f"), {how}", out_of_memory)
 
 
 # ---------------------------------------------------------------- refine
@@ -941,8 +630,7 @@ def working_set_text(problem: Problem) -> str:
             f"bytes and small tensors up to {small_peak} bytes")
 
 
-__all__ = ["Attempt", "Materialized", "Options", "PARAMETERS", "Planned", "Prepared",
-           "Verified", "after_infeasible", "finish", "first_attempt", "host_work",
-           "materialize", "minimum_budget", "movable_parameters", "place_parameters", "plan",
-           "prepare", "refine", "restore_parameters", "verify", "with_budget",
-           "with_moved_costs", "working_set_text"]
+__all__ = ["Attempt", "Materialized", "Planned", "Prepared", "ReplicasStuckError", "Verified",
+           "after_infeasible", "finish", "first_attempt", "first_round", "materialize",
+           "minimum_budget", "plan", "prepare", "refine", "searching_again", "verify",
+           "with_budget", "working_set_text"]

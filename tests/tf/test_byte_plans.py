@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tfswap import pipeline, zoo
+from tfswap import options as options_mod
 from tfswap.tf import lower as tf_lower
 from tfswap.core.devices import cpu_emulated
 from tfswap.tf import runtime
@@ -81,7 +82,7 @@ def byte_plan(prepared: pipeline.Prepared) -> pipeline.Planned:
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def planned(request):
     step = MODELS[request.param]()
-    prepared = in_schedule(pipeline.prepare(step.concrete_fn, pipeline.Options.of(
+    prepared = in_schedule(pipeline.prepare(step.concrete_fn, options_mod.Options.of(
         1.0, inputs=step.batch, profile="trace", device_spec=cpu_emulated())))
     made = pipeline.materialize(byte_plan(prepared))
     return request.param, step, prepared, made

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tfswap import pipeline, zoo
+from tfswap import options as options_mod
 from tfswap.tf import device as tf_device
 from tfswap.core.devices import DeviceSpec, device_spec
 from tfswap.tf import emulate, gpu, link, measure
@@ -103,7 +104,7 @@ def test_the_allocator_measurement_runs_the_step_and_restores_its_variables():
 
 def test_verify_reports_what_it_measured_and_where(monkeypatch):
     step = zoo.cnn(batch=8, image=8, channels=4, blocks=3)
-    options = pipeline.Options.of(1.0, generations=2, seed=0, workers=1, inputs=step.batch)
+    options = options_mod.Options.of(1.0, generations=2, seed=0, workers=1, inputs=step.batch)
     prepared = pipeline.prepare(step.concrete_fn, options)
     prepared = pipeline.with_budget(prepared, int(0.7 * prepared.profile.peak_bytes))
     made = pipeline.materialize(pipeline.plan(prepared, pipeline.first_attempt(prepared),
@@ -150,7 +151,7 @@ def test_out_of_device_memory_under_the_budget_is_not_within_it_and_plans_again(
     """A budget above the device's free memory: the step runs out of memory at a
     peak below the budget; verify must not call that within the budget."""
     step = zoo.cnn(batch=8, image=8, channels=4, blocks=3)
-    options = pipeline.Options.of(1.0, generations=2, seed=0, workers=1, inputs=step.batch)
+    options = options_mod.Options.of(1.0, generations=2, seed=0, workers=1, inputs=step.batch)
     prepared = pipeline.prepare(step.concrete_fn, options)
     budget = int(0.7 * prepared.profile.peak_bytes)
     prepared = pipeline.with_budget(prepared, budget)
@@ -302,7 +303,7 @@ def test_under_a_budget_arena_the_plan_binds_its_pool_and_each_call_runs_in_it(m
     from tfswap.ops import allocator
 
     step = zoo.cnn(batch=8, image=8, channels=24, blocks=3)   # kernels above the small pool
-    options = pipeline.Options.of(1.0, generations=2, seed=0, workers=1, inputs=step.batch)
+    options = options_mod.Options.of(1.0, generations=2, seed=0, workers=1, inputs=step.batch)
     prepared = pipeline.prepare(step.concrete_fn, options)
     budget = int(0.7 * prepared.profile.peak_bytes)
     prepared = pipeline.with_budget(prepared, budget)
@@ -337,7 +338,7 @@ def test_under_a_budget_arena_the_plan_binds_its_pool_and_each_call_runs_in_it(m
         pool.small_threshold_bytes, pool.object_offsets), []).stats.bytes_limit
     # A budget above the arena cannot hold: prepare says so before any work.
     with pytest.raises(pipeline.BudgetError, match="more than the budget arena"):
-        pipeline.prepare(step.concrete_fn, pipeline.Options.of(
+        pipeline.prepare(step.concrete_fn, options_mod.Options.of(
             arena.stats().arena_bytes + 1, generations=2, seed=0, workers=1,
             inputs=step.batch))
 
@@ -346,7 +347,7 @@ def test_a_plan_pool_the_arena_cannot_hold_is_out_of_memory_and_planned_again(mo
     from tfswap.ops import allocator
 
     step = zoo.cnn(batch=8, image=8, channels=24, blocks=3)
-    options = pipeline.Options.of(1.0, generations=2, seed=0, workers=1, inputs=step.batch)
+    options = options_mod.Options.of(1.0, generations=2, seed=0, workers=1, inputs=step.batch)
     prepared = pipeline.prepare(step.concrete_fn, options)
     prepared = pipeline.with_budget(prepared, int(0.7 * prepared.profile.peak_bytes))
     attempt = pipeline.first_attempt(prepared)

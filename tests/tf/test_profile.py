@@ -181,6 +181,7 @@ def test_optimize_prices_what_an_isolated_profile_cannot_time_for_its_device_spe
     import tensorflow as tf
 
     from tfswap import pipeline
+    from tfswap import options as options_mod
 
     @tf.function
     def step(x):
@@ -191,7 +192,7 @@ def test_optimize_prices_what_an_isolated_profile_cannot_time_for_its_device_spe
 
     fn = step.get_concrete_function(tf.TensorSpec((64, 64), tf.float32))
     for spec in ("cpu-emulated", "a100-40g-pcie4"):
-        prepared = pipeline.prepare(fn, pipeline.Options.of(
+        prepared = pipeline.prepare(fn, options_mod.Options.of(
             memory_budget="1GiB", profile="isolated", device_spec=spec))
         expected = {o.name: o.time_s for o in profile.analytic(prepared.captured, spec).ops}
         priced = [o for o in prepared.profile.ops if o.source == "analytic"]

@@ -40,7 +40,7 @@ def device_peaks(step, graph_def=None) -> dict:
 
 # BERT-style at 50%: on some traces no size-class pool holds the all-reduce's
 # concatenation of every gradient (one op reading 44 tensors) on one replica, which
-# the byte-cap planner then plans (pipeline._without_search).
+# the byte-cap planner then plans (one of the default planner's candidates).
 @pytest.mark.parametrize("build, kwargs, fraction", [
     (zoo.cnn, dict(batch=32, image=32, blocks=4), 0.5),
     (zoo.bert, dict(batch=16, seq=128), 0.5),

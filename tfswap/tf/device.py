@@ -22,9 +22,6 @@ from tfswap.ops import allocator
 from tfswap.tf import emulate, gpu
 from tfswap.tf import profile as profiler
 
-PROFILES = ("auto", "trace", "isolated", "analytic")
-
-
 class NoDeviceError(RuntimeError):
     """Neither a GPU nor the emulated device is there to run the step on."""
 
@@ -91,7 +88,7 @@ def sample_inputs(captured, seed: int) -> list:
 
 
 def profile_step(captured, kind: str, spec: DeviceSpec, feed, device: str):
-    """The step's profile of ``kind`` (:data:`PROFILES`; "auto": traced, else each op
+    """The step's profile of ``kind`` (:data:`tfswap.options.PROFILES`; "auto": traced, else each op
     timed alone where the unmodified step does not fit)."""
     if kind == "analytic":
         return profiler.analytic(captured, spec)
@@ -131,5 +128,5 @@ def check_arena(budget: int, asked, device: str) -> None:
             "pass at most that")
 
 
-__all__ = ["NoDeviceError", "PROFILES", "check_arena", "choose_spec", "placement",
+__all__ = ["NoDeviceError", "check_arena", "choose_spec", "placement",
            "profile_note", "profile_step", "sample_inputs", "spec_for", "this_worker"]

@@ -1,7 +1,7 @@
 """Where the step's variables live between steps: the device, or host memory.
 
 ``tfswap.optimize(..., parameters=...)`` takes one of
-:data:`tfswap.pipeline.PARAMETERS`:
+:data:`tfswap.options.PARAMETERS`:
 
 * ``"device"``: variables stay where the user created them (a device
   variable is pinned there for the whole step);

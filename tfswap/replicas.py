@@ -1,0 +1,148 @@
+"""A step a ``tf.distribute`` strategy replicates, planned per device: the other
+replicas (:class:`Replica`, :func:`replica_of`), an attempt's remedies carried
+to another replica (:func:`replica_attempt`), the replicas' plans simulated
+together (:func:`replicated_prediction`) and each device measured
+(:func:`measure_replicas`).  The stages of :mod:`tfswap.pipeline` call these
+for every replica; the first replica is the step itself.
+
+Example::
+
+    others = tuple(replica_of(captured, d, options, spec, feed) for d in captured.replicas[1:])
+    joint, note = replicated_prediction(prepared, members)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+from tfswap.core import simulator
+from tfswap.core.devices import DeviceSpec
+from tfswap.tf import measure
+from tfswap.tf.device import profile_step
+from tfswap.tf.lower import Lowered, lower, lower_default, planner_budget
+
+# A rewritten replicated step that runs this many times its unmodified step (at
+# least the minimum) is taken as stuck: replicas waiting for each other never return.
+REPLICATED_TIMEOUT_FACTOR = 100
+REPLICATED_MIN_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Replica:
+    """Another replica of a step a ``tf.distribute`` strategy replicates: its
+    device (the budget is per device), the step as captured on it, its profile
+    and its lowering (:func:`tfswap.tf.ir.lower` keeps this device's part)."""
+
+    device: str
+    captured: Any
+    profile: Any
+    step: Lowered
+
+
+def replica_of(captured, device: str, options, spec: DeviceSpec, feed) -> Replica:
+    """Replica ``device`` of a replicated step, profiled and lowered as the first one."""
+    on = dataclasses.replace(captured, device=device)
+    prof = profile_step(on, options.profile, spec, feed, device)
+    step = lower(on, prof, spec, options.small_tensor_bytes, options.recompute) \
+        if options.small_tensor_bytes is not None else \
+        lower_default(on, prof, spec, options.recompute)
+    return Replica(device, on, prof, step)
+
+
+def replicated_prediction(prepared, members, spec: DeviceSpec | None = None, **options):
+    """A replicated step's devices (``members``: a :class:`tfswap.core.simulator.Replica`
+    per device, the first replica's first) simulated together: their copies
+    sharing the host's link (``spec``, by default the device's before its share,
+    ``prepared.unshared_spec``), their collectives meeting
+    (:func:`tfswap.core.simulator.simulate_replicas`, ``options`` passed on).
+    (result, note); the result is None where a pool runs out in ``options``' copy
+    order.  Raises :class:`ReplicasStuckError` where the plans wait for each other:
+    their rewritten step would never finish, and with ``verify_rounds=0`` nothing
+    would run it before the user's training does."""
+    present = [{op.name for op in m.graph.ops} for m in members]
+    groups = [g for g in prepared.rendezvous if all(n in ops for n, ops in zip(g, present))]
+    try:
+        joint = simulator.simulate_replicas(members, spec or prepared.unshared_spec,
+                                            rendezvous=groups, **options)
+    except simulator.Deadlock as err:
+        raise ReplicasStuckError(
+            f"the replicas' plans wait for each other as simulated together ({err}): their "
+            "rewritten step would never finish (a tfswap bug: please report it with the "
+            "step). The unmodified step is untouched.") from err
+    except simulator.PlanError as err:
+        return None, (f"the replicas' plans do not run together as simulated ({err}): no "
+                      "prediction for the replicated step")
+    alone = max(m.plan.prediction.step_time_s for m in members)
+    return joint, (f"the replicas together (sharing the link, meeting at {len(groups)} "
+                   f"collective(s)): predicted step {joint.step_time_s * 1e3:.3g} ms (each "
+                   f"planned alone at its share of the link: {alone * 1e3:.3g} ms at most)")
+
+
+def replica_attempt(prepared, attempt, replica: Replica):
+    """``attempt`` for another replica: its lowering (at the attempt's small-tensor
+    threshold), its planner budget less what the attempt's remedies took off the
+    first replica's."""
+    step = replica.step
+    if step.small != attempt.step.small:
+        step = lower(replica.captured, replica.profile, prepared.spec, attempt.step.small,
+                     prepared.options.recompute)
+    first, _ = planner_budget(prepared.budget_bytes, attempt.step.lowered,
+                              prepared.options.safety_margin)
+    usable, outside = planner_budget(prepared.budget_bytes, step.lowered,
+                                     prepared.options.safety_margin)
+    return dataclasses.replace(attempt, step=step, outside_bytes=outside,
+                               planner_budget=usable - (first - attempt.planner_budget))
+
+
+class ReplicasStuckError(RuntimeError):
+    """A replicated step's replicas' plans wait for each other across a collective:
+    simulated together before anything runs, or its rewritten graph measured."""
+
+
+def timeout_s(prepared) -> float:
+    """How long one run of a rewritten replicated step may take before it is taken
+    as stuck: 100 times the unmodified step (its profile), at least a minute."""
+    step = sum(op.time_s for op in prepared.profile.ops)
+    return max(REPLICATED_MIN_TIMEOUT_S, REPLICATED_TIMEOUT_FACTOR * step)
+
+
+def measure_replicas(made, sessions: int) -> tuple[int, str, bool]:
+    """Each replica's device of a materialized step (:class:`tfswap.pipeline.Materialized`)
+    measured as :func:`tfswap.pipeline.verify` measures one (``sessions`` of 3 runs
+    on the emulated devices): (the worst device's peak, the step's, as the budget
+    is per device; how it was measured; whether a device ran out of memory)."""
+    prepared = made.planned.prepared
+    devices = (prepared.device,) + tuple(r.device for r in prepared.replicas)
+    peaks, out_of_memory = {}, False
+    for device in devices:
+        if prepared.peak_method == measure.ALLOCATOR:   # GPU-only
+            m = measure.allocator_peak(made.bound, prepared.feed, prepared.captured, device,
+                                       runs=3, warmup=1)
+            peaks[device], out_of_memory = m.peak_bytes, out_of_memory or m.out_of_memory
+        else:
+            on = dataclasses.replace(prepared.captured, device=device)
+            try:
+                peaks[device] = max(measure.measure(
+                    on, made.rewritten.graph_def, prepared.feed, runs=3, warmup=1,
+                    device=device, timeout_s=timeout_s(prepared)).peak_bytes
+                    for _ in range(sessions))
+            except tf.errors.DeadlineExceededError as err:
+                raise ReplicasStuckError(
+                    f"the rewritten replicated step did not finish within "
+                    f"{timeout_s(prepared):.0f} s on the emulated devices: its "
+                    "replicas' plans wait for each other (a tfswap bug: please report it with "
+                    "the step). The unmodified step is untouched.") from err
+    how = "the allocator" if prepared.peak_method == measure.ALLOCATOR else \
+        f"step stats, worst of 3 runs in each of {sessions} sessions"
+    return (max(peaks.values()),
+            "per device (" + ", ".join(f"{d}: {b} B" for d, b in peaks.items()) + f"), {how}",
+            out_of_memory)
+
+
+__all__ = ["REPLICATED_MIN_TIMEOUT_S", "REPLICATED_TIMEOUT_FACTOR", "Replica",
+           "ReplicasStuckError", "measure_replicas", "replica_attempt", "replica_of",
+           "replicated_prediction", "timeout_s"]
