@@ -301,3 +301,56 @@ def test_a_remade_buffer_makes_the_value_its_later_readers_read_not_a_view_of_it
         made = graph.op(swap.ops[-1]).outputs
         assert all(any(t in graph.op(c).inputs for t in made) for c in swap.consumers), swap
     assert any(s.ops == ("b",) for s in remade)
+
+
+def _scan_cases():
+    import numpy as np
+    from research.synthetic import random_dag
+    graphs = [("layered", layered_training_step(300, seed=4)),
+              ("layered-skip", layered_training_step(200, seed=9, skip_every=2))]
+    graphs += [(f"random{s}", random_dag(np.random.default_rng(s), n_ops=60, n_params=6))
+               for s in range(6)]
+    return graphs
+
+
+@pytest.mark.parametrize("name, graph", _scan_cases(), ids=lambda x: x if isinstance(x, str)
+                         else "")
+def test_the_compiled_scan_makes_the_reference_scans_programs(name, graph):
+    """tfswap.core.native's byte scan follows _ByteScan exactly: the same program
+    (or the same refusal) at every cap, both prefetch rules, with and without ops
+    that may run again, at each share and drop order."""
+    spec = _slow_link()
+    cg = CompiledGraph.build(graph)
+    order = cg.order_of(None)
+    peak = byte_planner.plan(graph, 1 << 62, spec, compiled=cg).prediction.peak_bytes
+    everything = frozenset(range(cg.n_ops))
+    some = frozenset(range(0, cg.n_ops, 2))
+    compared = remade = refused = 0
+    for fraction in (0.15, 0.3, 0.45, 0.6, 0.8, 1.0):
+        cap = max(1, int(fraction * peak))
+        for lookahead in (None, 2.0):
+            for recompute, shares, drops in ((frozenset(), (0.1,), ("farthest",)),
+                                             (everything, byte_planner.RECOMPUTE_SHARES,
+                                              byte_planner.DROP_ORDERS),
+                                             (some, (0.5,), byte_planner.DROP_ORDERS)):
+                for share in shares:
+                    for drop in drops:
+                        args = dict(lookahead=lookahead, recompute=recompute,
+                                    recompute_share=share, drop_order=drop)
+                        got = want = None
+                        try:
+                            want = byte_planner.build_program(cg, order, spec, cap,
+                                                              reference=True, **args)
+                        except InfeasibleAllocation as err:
+                            want = str(err)
+                        try:
+                            got = byte_planner.build_program(cg, order, spec, cap, **args)
+                        except InfeasibleAllocation as err:
+                            got = str(err)
+                        assert got == want, (fraction, lookahead, len(recompute), share, drop)
+                        compared += 1
+                        refused += isinstance(want, str)
+                        remade += not isinstance(want, str) and bool(want.recomputes)
+    assert compared > refused
+    if name.startswith("layered"):
+        assert remade

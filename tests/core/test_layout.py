@@ -140,3 +140,29 @@ def test_the_compiled_packing_matches_the_reference():
                     busy[(c, j)] = list(zip(ends[::2], ends[1::2]))
         alloc = Allocation(class_bytes=class_bytes, class_count=tuple(counts))
         assert _place(busy, counts, alloc) == _place_reference(busy, counts, alloc)
+
+
+@pytest.mark.parametrize("fraction", [0.35, 0.5, 0.8])
+def test_the_layout_of_compiled_event_rows_is_the_layout_of_the_events(fraction):
+    # shared_layout_rows reads the compiled simulation's rows with numpy; it must
+    # give what shared_layout gives from the reference simulation's events, and
+    # say what is wrong with rows that are not a run as the loop does.
+    import numpy as np
+    from tfswap.core.program import from_plan
+
+    g = layered_training_step(160, seed=4)
+    cg = CompiledGraph.build(g)
+    budget, full = budgets(cg, cg.order_of(None), fraction)
+    plan = plan_swaps(g, budget, SPEC, compiled=cg)
+    prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
+    result, run = simulator.try_program_rows(cg, prog, plan.allocation, SPEC, allocations=True)
+    reference = simulator.run_program(cg, prog, plan.allocation, SPEC, events=True)
+    want = layout.shared_layout(reference, plan.allocation)
+    assert layout.shared_layout_rows(run.event_rows, result.class_peak_objects,
+                                     plan.allocation) == want
+    assert layout._intervals_of_rows(np.asarray(run.event_rows),
+                                     list(result.class_peak_objects)) is not None
+    rows = np.asarray(run.event_rows).copy()
+    rows[np.flatnonzero(rows[:, 0] == 0)[0], 0] = 1   # a release made a second take
+    with pytest.raises(ValueError, match="twice"):
+        layout.shared_layout_rows(rows, result.class_peak_objects, plan.allocation)

@@ -206,3 +206,109 @@ def test_a_chain_never_reads_a_value_its_buffer_no_longer_holds(in_place):
     b = int(cg.tensor_buffer[[t.name for t in graph.tensors].index("b:0")])
     chain = value_chain(cg, index, b, upto=2, need=4)
     assert chain is None if in_place else [graph.ops[o].name for o in chain] == ["b"]
+
+
+def test_trial_programs_built_in_place_equal_the_canonical_ones(swapped):
+    # with_recomputes builds each trial from the plan's program without sorting it
+    # again (it is in stream order already); that must be the program canonical
+    # gives, recomputations already in it included.
+    from tfswap.core.recompute import _in_stream_order, _recomputed
+    problem, plan, budget = swapped
+    cg = problem.compiled
+    prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
+    assert _in_stream_order(prog)
+    found = candidates(problem, prog, SLOW)
+    assert len(found) >= 4
+    chosen = {}
+    for _, i, ops in found:
+        chosen[i] = ops
+        quick = _recomputed(cg, prog, dict(chosen), True)
+        assert quick == _recomputed(cg, prog, dict(chosen), False)
+        # Again from a program that already recomputes (a hybrid plan polished again).
+        if len(chosen) == 2:
+            again = _recomputed(cg, prog, dict(chosen), False)
+            assert _in_stream_order(again)
+            more = candidates(problem, again, SLOW)
+            for _, j, ops2 in more[:6]:
+                assert _recomputed(cg, again, {j: ops2}, True) == \
+                    _recomputed(cg, again, {j: ops2}, False)
+
+
+def _inputs_back_reference(cg, prog):
+    """program.inputs_back as first written (every swap-in scanned per input)."""
+    from tfswap.core.program import InRec, Program
+    if not prog.recomputes:
+        return prog
+    ins = list(prog.ins)
+    for rec in prog.recomputes:
+        inputs = {int(x) for p in recompute_ops(cg, rec)
+                  for x in cg.op_in[cg.op_in_ptr[p]:cg.op_in_ptr[p + 1]]} - {rec.buf}
+        for x in sorted(inputs):
+            for i, r in enumerate(ins):
+                if r.buf == int(x) and r.own_out >= 0 and r.need > rec.need and \
+                        prog.outs[r.own_out].out_after < rec.need:
+                    ins[i] = InRec(r.buf, min(r.trigger, rec.need - 1), r.waits, r.own_out,
+                                   rec.need)
+    return Program(prog.order, prog.resident, prog.outs,
+                   tuple(sorted(ins, key=lambda r: (r.need, r.buf))), prog.op_waits,
+                   prog.recomputes)
+
+
+def test_inputs_back_matches_its_reference(swapped):
+    from tfswap.core.program import Program, inputs_back
+    problem, plan, budget = swapped
+    cg = problem.compiled
+    prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
+    found = candidates(problem, prog, SLOW)
+    moved = 0
+    for n in range(1, len(found) + 1):
+        dropped = {prog.ins[i].own_out for _, i, _ in found[:n]}
+        from tfswap.core.program import OutRec, RecomputeRec
+        outs = tuple(OutRec(o.buf, o.out_after, False) if j in dropped else o
+                     for j, o in enumerate(prog.outs))
+        recs = tuple(sorted((RecomputeRec(prog.ins[i].buf, prog.ins[i].own_out,
+                                          prog.ins[i].need, ops) for _, i, ops in found[:n]),
+                            key=lambda r: (r.need, r.buf)))
+        # The swap-ins kept, the recomputed ones too (more inputs to move).
+        trial = Program(prog.order, prog.resident, outs, prog.ins, prog.op_waits, recs)
+        got = inputs_back(cg, trial)
+        assert got == _inputs_back_reference(cg, trial)
+        moved += got.ins != trial.ins
+    assert moved
+
+
+def _chain_reference(cg, prog, r, index):
+    """recompute._chain as first written (every op after the reader scanned)."""
+    from tfswap.core.recompute import value_chain
+    graph, b = cg.graph, r.buf
+    names = {graph.tensors[i].name: i for i in index.members[b]}
+    after = [o.out_after for o in prog.outs if o.buf == b and o.out_after >= r.need]
+    end = min(after) if after else len(prog.order)
+    read = set()
+    for k in range(r.need, end + 1 if after else end):
+        for name in graph.ops[prog.order[k]].inputs:
+            i = names.get(name)
+            if i is not None and index.made_at[i] < r.need:
+                read.add(i)
+    if len(read) != 1:
+        return None
+    return value_chain(cg, index, b, index.made_at[next(iter(read))], r.need)
+
+
+def test_the_chain_of_each_round_trip_matches_its_reference():
+    from tfswap.core.recompute import ChainIndex, _chain
+    graph = layered_training_step(300, seed=7)
+    problem = Problem.of(graph, recomputable=[op.name for op in graph.ops])
+    peak = planners.run("tfswap.order", problem, 1 << 62, SLOW).plan.prediction.peak_bytes
+    compared = found = 0
+    for fraction in (0.3, 0.45, 0.6):
+        plan = planners.run("tfswap.order", problem, int(fraction * peak), SLOW).plan
+        cg = problem.compiled
+        prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
+        index = ChainIndex(cg, prog.order)
+        for r in prog.ins:
+            want = _chain_reference(cg, prog, r, index)
+            assert _chain(cg, prog, r, index) == want
+            compared += 1
+            found += want is not None
+    assert compared and found

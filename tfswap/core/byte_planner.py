@@ -76,15 +76,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from tfswap.core import layout
+from tfswap.core import layout, native
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec, check_planner_arguments
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.plan import Allocation, Plan, Prediction
 from tfswap.core.infeasible import InfeasibleAllocation
 from tfswap.core.planner import default_allocation, ideal_times
-from tfswap.core.program import (START, InRec, OutRec, Program, RecomputeRec, canonical,
-                                 inputs_back, to_plan_swaps)
+from tfswap.core.program import (START, InRec, OutRec, Program, RecomputeRec, _schedule_lookup,
+                                 canonical, inputs_back, to_plan_swaps)
 from tfswap.core.recompute import ChainIndex, value_chain
 from tfswap.core.simulator import PlanError, SimResult, run_program, try_program_rows
 
@@ -157,10 +157,44 @@ class _Static:
         self.release = [list(dict.fromkeys(
             b for b in self.both[k]
             if not self.pers[b] and not self.kept[b] and self.last[b] == k)) for k in range(n)]
+        self.start = [b for b in range(cg.n_buffers) if self.pers[b]]
+        # The Program's order and resident buffers (one tuple for every scan).
+        self.order_tuple, self.resident = tuple(order), tuple(self.start)
+        self.start_bytes = sum(self.nbytes[b] for b in self.start)
+        self._native = None
+
+    def native_args(self) -> tuple:
+        """The order's arrays for :func:`tfswap.core.native.byte_scan` (made once)."""
+        if self._native is None:
+            arrays = [*_flat(self.reads), *_flat(self.allocs), *_flat(self.release),
+                      *_flat(self.uses), np.asarray(self.last, np.int32),
+                      np.asarray(self.movable, np.int32), np.asarray(self.nbytes, np.int64),
+                      np.asarray(self.istart, np.float64), np.asarray(self.iend, np.float64)]
+            start = np.asarray(self.start or [0], np.int32)
+            self._native = (arrays + [start], (len(self.reads), len(self.uses),
+                                               *[a.ctypes.data for a in arrays],
+                                               len(self.start), start.ctypes.data,
+                                               int(self.start_bytes)))
+        return self._native[1]
 
 
-def _static(cg: CompiledGraph, order: list[int]) -> _Static:
-    return _memo(cg, "static", _order_key(order), lambda: _Static(cg, order))
+def _flat(lists) -> tuple[np.ndarray, np.ndarray]:
+    """``lists`` as (offsets, values) int32 arrays (values never empty, for ctypes)."""
+    ptr = np.zeros(len(lists) + 1, np.int32)
+    ptr[1:] = np.cumsum([len(x) for x in lists])
+    return ptr, np.asarray([b for x in lists for b in x] or [0], np.int32)
+
+
+def _chain_buffers(cg: CompiledGraph, ops) -> tuple[set[int], list[int]]:
+    """The buffers ``ops`` make, and the others they read (ascending)."""
+    made = {int(x) for op in ops for x in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]}
+    read = {int(x) for op in ops for x in cg.op_in[cg.op_in_ptr[op]:cg.op_in_ptr[op + 1]]}
+    return made, sorted(read - made)
+
+
+def _static(cg: CompiledGraph, order) -> _Static:
+    return _memo(cg, "static", _order_key(order),
+                 lambda: _Static(cg, [int(o) for o in order]))
 
 
 def _chains(cg: CompiledGraph, order: list[int], allowed: frozenset) -> "_Chains":
@@ -183,6 +217,38 @@ class _Chains:
         at = self.index.position_of_op
         self.last_read = [max((at[c] for c in t.consumers if c in at), default=-1)
                           for t in cg.graph.tensors]
+
+    def native_args(self, static: _Static) -> tuple:
+        """The chains for :func:`tfswap.core.native.byte_scan`, each worked out once:
+        (the chain id of each use slot, its time, the buffers each chain makes, the
+        others it reads), and the ops of each chain id in ``self.chain_ops``.  A
+        scan asks for the chain of a buffer at its next use, so one per slot of
+        ``static.uses`` but a buffer's first."""
+        got = self.__dict__.get("_native")
+        if got is None:
+            ids: dict[tuple[int, ...], int] = {}
+            slot, times = [], []
+            for b, u in enumerate(static.uses):
+                for c, need in enumerate(u):
+                    chain = self.at(b, need) if c and static.movable[b] else None
+                    if chain is None:
+                        slot.append(-1)
+                        continue
+                    cid = ids.get(chain[0])
+                    if cid is None:
+                        cid = ids[chain[0]] = len(ids)
+                        times.append(chain[1])
+                    slot.append(cid)
+            self.chain_ops = list(ids)
+            made_l, inp_l = [], []
+            for ops in self.chain_ops:
+                made, inputs = _chain_buffers(self.cg, ops)
+                made_l.append(sorted(made))
+                inp_l.append(inputs)
+            arrays = (np.asarray(slot or [0], np.int32), np.asarray(times or [0.0], np.float64),
+                      *_flat(made_l), *_flat(inp_l))
+            got = self.__dict__["_native"] = arrays
+        return got
 
     def read_value(self, b: int, need: int) -> int | None:
         """The position that made the value of ``b`` the ops from ``need`` on read:
@@ -450,10 +516,7 @@ class _ByteScan:
 
     def _chain_buffers(self, ops) -> tuple[set[int], list[int]]:
         """The buffers ``ops`` make, and the others they read."""
-        cg = self.cg
-        made = {int(x) for op in ops for x in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]}
-        read = {int(x) for op in ops for x in cg.op_in[cg.op_in_ptr[op]:cg.op_in_ptr[op + 1]]}
-        return made, sorted(read - made)
+        return _chain_buffers(self.cg, ops)
 
     def _drop_one(self, k: int) -> bool:
         """Drop the buffer cheaper to make again that comes first in the drop order
@@ -505,6 +568,47 @@ class _ByteScan:
         return j
 
 
+def _scan(cg: CompiledGraph, order, spec: DeviceSpec, cap_bytes: int, lookahead,
+          margin_s: float, chains: "_Chains | None", share: float, drop_order: str,
+          reference: bool = False) -> Program:
+    """One byte-cap scan's program: the compiled scan
+    (:func:`tfswap.core.native.byte_scan`), or with ``reference`` the Python one
+    (:class:`_ByteScan`), which it follows exactly (tests/core/test_byte_planner.py)."""
+    if reference:
+        return _ByteScan(cg, order, spec, lookahead, margin_s, chains, share,
+                         drop_order).run(int(cap_bytes))
+    static = _static(cg, order)
+    cap = int(cap_bytes)
+    if static.start_bytes > cap:
+        raise InfeasibleAllocation(
+            f"parameters and optimizer state take {static.start_bytes} bytes, more than the "
+            f"cap of {cap} (this planner keeps them on the device); raise the budget")
+    share_s_per_byte = share * (1.0 / spec.d2h_bytes_per_s + 1.0 / spec.h2d_bytes_per_s)
+    got = native.byte_scan(static.native_args(), cap, spec, lookahead, margin_s,
+                           chains.native_args(static) if chains is not None else None,
+                           share_s_per_byte, drop_order == "cheapest")
+    if isinstance(got, tuple):
+        k, need = got
+        op = cg.graph.ops[int(order[k])]
+        raise InfeasibleAllocation(
+            f"op {op.name!r} needs {need} bytes of pool buffers at once, "
+            f"more than the cap of {cap}; raise the budget")
+    # The records come in stream order (what canonical makes of the reference's).
+    outs = tuple([OutRec(b, a, bool(c)) for b, a, c in got.outs.tolist()])
+    waits = got.waits.tolist()
+    ins, w = [], 0
+    for b, t, own, need, n_w in got.ins.tolist():
+        ins.append(InRec(b, t, tuple(waits[w:w + n_w]), own, need))
+        w += n_w
+    op_waits = tuple([tuple(x) for x in got.op_waits.tolist()])
+    recs = ()
+    if len(got.recs):
+        ops_of = chains.chain_ops
+        recs = tuple([RecomputeRec(b, j, k, ops_of[c]) for b, j, k, c in got.recs.tolist()])
+    return inputs_back(cg, Program(static.order_tuple, static.resident, outs, tuple(ins),
+                                   op_waits, recs))
+
+
 def _check_lookahead(lookahead) -> None:
     if lookahead is not None and not lookahead >= 0:
         raise ValueError(f"lookahead must be None or >= 0 (copy times), got {lookahead!r}")
@@ -513,14 +617,15 @@ def _check_lookahead(lookahead) -> None:
 def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_bytes: int, *,
                   lookahead: float | None = None, recency_margin_s: float = 0.0,
                   recompute=frozenset(), recompute_share: float = RECOMPUTE_SHARES[0],
-                  drop_order: str = DROP_ORDERS[0]) -> Program:
+                  drop_order: str = DROP_ORDERS[0], reference: bool = False) -> Program:
     """The swap program for ``order`` with at most ``cap_bytes`` of pool buffers
     planned at any position (module docstring).  Raises
     :class:`~tfswap.core.planner.InfeasibleAllocation` when an op's own buffers or
     the parameters do not fit.  ``recompute``: op ids that may run again;
     ``recompute_share``: a buffer whose ops take at most this share of its
     round trip's copy time is dropped and made again instead of copied, in
-    ``drop_order`` (one of :data:`DROP_ORDERS`).
+    ``drop_order`` (one of :data:`DROP_ORDERS`).  ``reference``: scan in Python
+    (what the compiled scan is tested against).
 
     Example::
 
@@ -535,8 +640,8 @@ def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_by
     if drop_order not in DROP_ORDERS:
         raise ValueError(f"drop_order must be one of {DROP_ORDERS}, got {drop_order!r}")
     chains = _chains(cg, [int(o) for o in order], frozenset(recompute)) if recompute else None
-    return _ByteScan(cg, order, spec, lookahead, recency_margin_s, chains,
-                     recompute_share, drop_order).run(int(cap_bytes))
+    return _scan(cg, order, spec, int(cap_bytes), lookahead, recency_margin_s, chains,
+                 recompute_share, drop_order, reference)
 
 
 def _simulated(cg, order, prog, spec, shared: bool) -> tuple[SimResult, Allocation]:
@@ -607,7 +712,7 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
         raise ValueError("compiled was built from another graph; pass "
                          "CompiledGraph.build(graph, ...) of this graph")
     cg = compiled or CompiledGraph.build(graph, small_threshold_bytes, keep)
-    order = cg.order_of(schedule)
+    order = _schedule_lookup(cg, schedule)[0]   # cg.order_of(schedule), kept
     room = int(budget_bytes) - cg.small_pool_peak(order)
     if room <= 0:
         raise InfeasibleAllocation(f"small tensors alone need {budget_bytes - room} bytes, more "
@@ -646,11 +751,11 @@ def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memor
     simulated = {} if simulated is None else simulated
 
     def attempt(cap):
-        prog = _ByteScan(cg, order, spec, lookahead, 0.0, chains, share,
-                         drop_order).run(int(cap))
-        if prog not in simulated:
-            simulated[prog] = _simulated(cg, order, prog, spec, memory == "shared")
-        return (prog,) + simulated[prog]
+        prog = _scan(cg, order, spec, int(cap), lookahead, 0.0, chains, share, drop_order)
+        got = simulated.get(prog)
+        if got is None:
+            got = simulated[prog] = _simulated(cg, order, prog, spec, memory == "shared")
+        return (prog,) + got
 
     best = attempt(room)
     if memory == "live" and best[1].peak_bytes > budget_bytes:
@@ -676,7 +781,9 @@ def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memor
                                        f"{budget_bytes} bytes; raise the budget")
     prog, result, pool = best
     swaps, resident = to_plan_swaps(cg, prog)
-    return Plan(schedule=tuple(graph.ops[int(o)].name for o in order), swaps=swaps,
+    names = _memo(cg, "names", _order_key(order),
+                  lambda: tuple(graph.ops[int(o)].name for o in order))
+    return Plan(schedule=names, swaps=swaps,
                 budget_bytes=int(budget_bytes), allocation=pool, resident_parameters=resident,
                 planner=f"bytes.{memory}", prediction=Prediction(
                     peak_bytes=result.peak_bytes, step_time_s=result.step_time_s,

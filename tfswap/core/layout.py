@@ -85,10 +85,16 @@ def shared_layout_rows(rows, class_peak_objects, allocation: Allocation) -> Allo
     the same layout without making an event object of each."""
     if not len(rows) and any(class_peak_objects):
         raise ValueError("shared_layout needs the allocation events: simulate with events=True")
+    rows = np.asarray(rows)
+    counts = [int(x) for x in class_peak_objects]
+    intervals = _intervals_of_rows(rows, counts)
+    if intervals is not None:
+        return _place_intervals(*intervals, counts, allocation)
+    # Not a well-formed run: the loop below says what is wrong.
     n = len(rows)
     busy: dict[tuple[int, int], list[tuple[int, int]]] = {}
     opened: dict[tuple[int, int], int] = {}
-    for i, (take, _, c, j) in enumerate(np.asarray(rows).tolist()):
+    for i, (take, _, c, j) in enumerate(rows.tolist()):
         key = (c, j)
         if take:
             if key in opened:
@@ -101,6 +107,38 @@ def shared_layout_rows(rows, class_peak_objects, allocation: Allocation) -> Allo
     return _place(busy, list(class_peak_objects), allocation)
 
 
+def _intervals_of_rows(rows: np.ndarray, counts: list[int]):
+    """The busy intervals of allocation event rows (see :func:`shared_layout_rows`)
+    as :func:`_place_intervals` takes them, what the loop there makes, or None
+    where the rows are not a well-formed run (an object taken twice without a
+    release, released untaken, or past its class's peak)."""
+    n = len(rows)
+    if not n:
+        return None
+    base = np.zeros(len(counts) + 1, np.int64)
+    base[1:] = np.cumsum(counts)
+    take = rows[:, 0] != 0
+    c = rows[:, 2].astype(np.int64)
+    j = rows[:, 3].astype(np.int64)
+    if c.min() < 0 or c.max() >= len(counts) or j.min() < 0 or \
+            np.any(j >= np.asarray(counts, np.int64)[c]):
+        return None
+    obj = base[c] + j
+    perm = np.argsort(obj, kind="stable")        # each object's events, in time order
+    so, st = obj[perm], take[perm]
+    idx = np.arange(n)
+    first = np.maximum.accumulate(np.where(np.r_[True, so[1:] != so[:-1]], idx, 0))
+    if not np.array_equal(st, (idx - first) % 2 == 0):   # take, release, take, ...
+        return None
+    p = np.flatnonzero(st)
+    nxt = np.minimum(p + 1, n - 1)
+    closed = (p + 1 < n) & (so[nxt] == so[p])
+    iv_start = perm[p].astype(np.int64)
+    iv_end = np.where(closed, perm[nxt], n).astype(np.int64)
+    iv_ptr = np.searchsorted(so[p], np.arange(int(base[-1]) + 1), side="left")
+    return iv_ptr, iv_start, iv_end
+
+
 def _place(busy: dict, counts: list[int], allocation: Allocation) -> Allocation:
     """Offsets for objects ``0 .. counts[c]-1`` of each class, given their busy times."""
     # The simulator takes objects from LIFO stacks filled in index order, so the
@@ -110,8 +148,6 @@ def _place(busy: dict, counts: list[int], allocation: Allocation) -> Allocation:
             raise ValueError(f"object {j} of class {c} is used but the class peaked at "
                              f"{counts[c]} objects; the result is not of this allocation")
     objects = [(c, j) for c in range(len(counts)) for j in range(counts[c])]
-    order = sorted(range(len(objects)), key=lambda r: (
-        -allocation.class_bytes[objects[r][0]], objects[r]))
     # The packing is compiled (tfswap_place_objects, which follows the
     # reference below step by step); the busy sets go to it as intervals.
     iv_ptr, iv_start, iv_end = [0], [], []
@@ -120,9 +156,19 @@ def _place(busy: dict, counts: list[int], allocation: Allocation) -> Allocation:
             iv_start.append(s)
             iv_end.append(e)
         iv_ptr.append(len(iv_start))
+    return _place_intervals(np.asarray(iv_ptr), np.asarray(iv_start, np.int64),
+                            np.asarray(iv_end, np.int64), counts, allocation)
+
+
+def _place_intervals(iv_ptr, iv_start, iv_end, counts: list[int],
+                     allocation: Allocation) -> Allocation:
+    """:func:`_place` with the busy times as intervals: object ``r`` (the objects of
+    each class in turn, by index) is busy ``iv_start/iv_end[iv_ptr[r]:iv_ptr[r+1]]``."""
+    objects = [(c, j) for c in range(len(counts)) for j in range(counts[c])]
+    order = sorted(range(len(objects)), key=lambda r: (
+        -allocation.class_bytes[objects[r][0]], objects[r]))
     size = [_aligned(allocation.class_bytes[c]) for c, _ in objects]
-    placed = native.place_objects(np.asarray(iv_ptr), np.asarray(iv_start, np.int64),
-                                  np.asarray(iv_end, np.int64), np.asarray(order),
+    placed = native.place_objects(iv_ptr, iv_start, iv_end, np.asarray(order),
                                   np.asarray(size, np.int64)).tolist()
     offsets = [[0] * c for c in counts]
     for r, (c, j) in enumerate(objects):

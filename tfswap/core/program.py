@@ -114,7 +114,7 @@ def canonical(order, resident, outs, ins, op_waits, recomputes=()) -> Program:
                    ins_sorted, waits, recs)
 
 
-def inputs_back(cg: CompiledGraph, prog: Program) -> Program:
+def inputs_back(cg: CompiledGraph, prog: Program, only=None) -> Program:
     """``prog`` with the inputs of each recomputation on the device when it runs.
 
     A recomputed op reads its inputs right before the op at its ``need``.  An
@@ -123,22 +123,54 @@ def inputs_back(cg: CompiledGraph, prog: Program) -> Program:
     ``need`` becomes the recomputation's, and its trigger at the latest the op
     just before (the copy may then hold up the compute stream; the simulator
     prices it).  A Plan does not store this: :func:`from_plan` derives it again.
+
+    ``only``: the recomputations of ``prog`` to do this for, in stream order,
+    where ``prog`` is one this was done for already and these were added (the
+    others would move nothing: a swap-in they move is needed by them at the
+    latest, and the ones added only bring needs earlier).
     """
     if not prog.recomputes:
         return prog
+    recomputes = prog.recomputes if only is None else only
     ins = list(prog.ins)
-    for rec in prog.recomputes:
-        inputs = {int(x) for p in recompute_ops(cg, rec)
-                  for x in cg.op_in[cg.op_in_ptr[p]:cg.op_in_ptr[p + 1]]} - {rec.buf}
-        for x in sorted(inputs):
-            for i, r in enumerate(ins):
-                if r.buf == int(x) and r.own_out >= 0 and r.need > rec.need and \
-                        prog.outs[r.own_out].out_after < rec.need:
-                    ins[i] = InRec(r.buf, min(r.trigger, rec.need - 1), r.waits, r.own_out,
-                                   rec.need)
+    # The swap-ins of each buffer some recomputation reads, by index (an input
+    # is looked up among its own buffer's, in the order of a scan of them all).
+    reads = [(rec, _recompute_inputs(cg, rec)) for rec in recomputes]
+    wanted = {x for _, inputs in reads for x in inputs}
+    of_buf: dict[int, list[int]] = {}
+    for i, r in enumerate(ins):
+        if r.buf in wanted and r.own_out >= 0:
+            of_buf.setdefault(r.buf, []).append(i)
+    moved = False
+    if of_buf:
+        outs = prog.outs
+        for rec, inputs in reads:
+            for x in inputs:
+                for i in of_buf.get(x, ()):
+                    r = ins[i]
+                    if r.need > rec.need and outs[r.own_out].out_after < rec.need:
+                        ins[i] = InRec(r.buf, min(r.trigger, rec.need - 1), r.waits, r.own_out,
+                                       rec.need)
+                        moved = True
     return Program(prog.order, prog.resident, prog.outs,
-                   tuple(sorted(ins, key=lambda r: (r.need, r.buf))), prog.op_waits,
-                   prog.recomputes)
+                   tuple(sorted(ins, key=lambda r: (r.need, r.buf))) if moved else prog.ins,
+                   prog.op_waits, prog.recomputes)
+
+
+def _recompute_inputs(cg: CompiledGraph, rec: RecomputeRec) -> list[int]:
+    """The buffers ``rec``'s ops read but ``rec.buf``, ascending (kept on ``cg``: the
+    recomputation pass asks for the same ones for every trial program)."""
+    cache = cg.__dict__.get("_recompute_inputs")
+    if cache is None:
+        cache = {}
+        object.__setattr__(cg, "_recompute_inputs", cache)
+    key = (rec.buf, rec.ops)
+    got = cache.get(key)
+    if got is None:
+        got = cache[key] = sorted({int(x) for p in recompute_ops(cg, rec)
+                                   for x in cg.op_in[cg.op_in_ptr[p]:cg.op_in_ptr[p + 1]]}
+                                  - {rec.buf})
+    return got
 
 
 def buffer_classes(cg: CompiledGraph, allocation: Allocation) -> np.ndarray:
@@ -220,10 +252,30 @@ def to_plan_swaps(cg: CompiledGraph, prog: Program) -> tuple[tuple[Swap, ...], t
 
 
 def _uses_by_position(cg: CompiledGraph, prog: Program) -> list[list[int]]:
+    """Each buffer's positions in ``prog.order``, ascending: kept on ``cg`` for the
+    last few orders (the planners convert many programs of one order); callers
+    only read them."""
+    cache = cg.__dict__.get("_uses_by_position")
+    if cache is None:
+        cache = {}
+        object.__setattr__(cg, "_uses_by_position", cache)
+    order = prog.order
+    if not isinstance(order, tuple):
+        return _uses_of_order(cg, order)
+    got = cache.get(order)
+    if got is None:
+        got = _uses_of_order(cg, order)
+        if len(cache) >= 8:
+            cache.pop(next(iter(cache)), None)
+        cache[order] = got
+    return got
+
+
+def _uses_of_order(cg: CompiledGraph, order) -> list[list[int]]:
     uses: list[list[int]] = [[] for _ in range(cg.n_buffers)]
     in_ptr, op_in = cg.op_in_ptr.tolist(), cg.op_in.tolist()
     out_ptr, op_out = cg.op_out_ptr.tolist(), cg.op_out.tolist()
-    for k, op in enumerate(prog.order):
+    for k, op in enumerate(order):
         for b in op_in[in_ptr[op]:in_ptr[op + 1]]:
             uses[b].append(k)
         for b in op_out[out_ptr[op]:out_ptr[op + 1]]:

@@ -35,13 +35,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_left
 
 from tfswap.core import layout
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.plan import Plan, Prediction
 from tfswap.core.problem import Problem
-from tfswap.core.program import (OutRec, RecomputeRec, buffer_classes, canonical, from_plan,
-                                 inputs_back, to_plan_swaps)
+from tfswap.core.program import (OutRec, Program, RecomputeRec, buffer_classes, canonical,
+                                 from_plan, inputs_back, to_plan_swaps)
 from tfswap.core.simulator import run_program, try_program, try_program_rows
 
 # Round trips tried per plan and order: each try is one simulation (Python),
@@ -60,7 +61,8 @@ class ChainIndex:
     each tensor's position, the last position each buffer is used."""
 
     def __init__(self, cg, order):
-        graph = cg.graph
+        graph = self.graph = cg.graph
+        self._read_at: dict[int, list[int]] = {}
         self.position_of_op = {int(op): k for k, op in enumerate(order)}
         self.tensor_of = {t.name: i for i, t in enumerate(graph.tensors)}
         self.members: dict[int, list[int]] = {}
@@ -77,6 +79,15 @@ class ChainIndex:
                 self.last_use[int(b)] = k
             for b in op_out[out_ptr[op]:out_ptr[op + 1]]:
                 self.last_use[int(b)] = max(self.last_use[int(b)], k)
+
+    def read_at(self, tensor: int) -> list[int]:
+        """The positions of ``tensor``'s readers, ascending."""
+        got = self._read_at.get(tensor)
+        if got is None:
+            at = self.position_of_op
+            got = self._read_at[tensor] = sorted(at[c] for c in self.graph.tensors[tensor]
+                                                 .consumers if c in at)
+        return got
 
     def overwritten(self, b: int, tensor: int, before: int) -> bool:
         """Whether an op after ``tensor``'s producer and before position ``before``
@@ -142,23 +153,56 @@ def value_chain(cg, index: ChainIndex, b: int, upto: int, need: int,
     return tuple(sorted(ops, key=lambda op: index.position_of_op[op]))
 
 
-def _chain(cg, prog, r, index: ChainIndex) -> tuple[int, ...] | None:
+def _chain(cg, prog, r, index: ChainIndex, leaves=None) -> tuple[int, ...] | None:
     """The ops that make again, right before swap-in ``r``'s reader, the value
     the readers after it read of its buffer (:func:`value_chain`); None where
-    those readers read more than one value of the buffer."""
-    graph, b = cg.graph, r.buf
-    names = {graph.tensors[i].name: i for i in index.members[b]}
-    after = [o.out_after for o in prog.outs if o.buf == b and o.out_after >= r.need]
-    end = min(after) if after else len(prog.order)
-    read = set()
-    for k in range(r.need, end + 1 if after else end):
-        for name in graph.ops[prog.order[k]].inputs:
-            i = names.get(name)
-            if i is not None and index.made_at[i] < r.need:
-                read.add(i)
+    those readers read more than one value of the buffer.  ``leaves``: each
+    buffer's ``out_after`` positions in ``prog``, ascending (:func:`_leaves`)."""
+    b = r.buf
+    if leaves is None:
+        leaves = _leaves(prog)
+    after = leaves.get(b, ())
+    x = bisect_left(after, r.need)
+    # The readers up to the next time it leaves (that op included), or to the end.
+    hi = after[x] + 1 if x < len(after) else len(prog.order)
+    read_at = index.read_at
+    read = []
+    for i in index.members[b]:
+        if index.made_at[i] < r.need:
+            at = read_at(i)
+            y = bisect_left(at, r.need)
+            if y < len(at) and at[y] < hi:
+                read.append(i)
     if len(read) != 1:
         return None
-    return value_chain(cg, index, b, index.made_at[next(iter(read))], r.need)
+    return value_chain(cg, index, b, index.made_at[read[0]], r.need)
+
+
+def _leaves(prog) -> dict[int, list[int]]:
+    """Each buffer's ``out_after`` positions in ``prog``, ascending."""
+    leaves: dict[int, list[int]] = {}
+    for o in prog.outs:
+        leaves.setdefault(o.buf, []).append(o.out_after)
+    for v in leaves.values():
+        v.sort()
+    return leaves
+
+
+def chain_index(cg, order) -> ChainIndex:
+    """``ChainIndex(cg, order)``, kept on ``cg`` for the last few orders (the
+    planners ask for the same one or two many times); callers only read it."""
+    cache = cg.__dict__.get("_chain_index")
+    if cache is None:
+        cache = {}
+        object.__setattr__(cg, "_chain_index", cache)
+    key = tuple(int(o) for o in order)
+    got = cache.get(key)
+    if got is None:
+        got = ChainIndex(cg, key)
+        if len(cache) >= 8:
+            cache.pop(next(iter(cache)))
+        cache[key] = got
+    return got
 
 
 def candidates(problem: Problem, prog, spec: DeviceSpec) -> list[tuple[float, int, tuple]]:
@@ -166,7 +210,8 @@ def candidates(problem: Problem, prog, spec: DeviceSpec) -> list[tuple[float, in
     of every round trip whose value can be made again, the largest saving first."""
     cg = problem.compiled
     allowed = problem.recomputable
-    index = ChainIndex(cg, prog.order)
+    index = chain_index(cg, prog.order)
+    leaves = _leaves(prog)
     found = []
     for i, r in enumerate(prog.ins):
         if r.own_out < 0 or not prog.outs[r.own_out].copy or cg.buf_persistent[r.buf]:
@@ -177,7 +222,7 @@ def candidates(problem: Problem, prog, spec: DeviceSpec) -> list[tuple[float, in
             # plan makes a value again right before its own reader, so made again it
             # would come too late for those ops.
             continue
-        ops = _chain(cg, prog, r, index)
+        ops = _chain(cg, prog, r, index, leaves)
         if not ops or any(cg.graph.ops[op].name not in allowed for op in ops):
             continue
         nbytes = int(cg.buf_bytes[r.buf])
@@ -188,26 +233,52 @@ def candidates(problem: Problem, prog, spec: DeviceSpec) -> list[tuple[float, in
     return sorted(found, key=lambda e: (-e[0], e[1]))
 
 
-def _recomputed(cg, prog, chosen: dict):
+def _recomputed(cg, prog, chosen: dict, in_order: bool = False):
     """``prog`` with the round trips ``chosen`` (index into ``prog.ins`` -> the ops
     to run again) made recomputations: their swap-outs become drops, their
-    swap-ins go."""
+    swap-ins go.  ``in_order``: ``prog`` is in stream order
+    (:func:`_in_stream_order`)."""
     dropped = {prog.ins[i].own_out for i in chosen}
+    added = [RecomputeRec(prog.ins[i].buf, prog.ins[i].own_out, prog.ins[i].need, ops)
+             for i, ops in chosen.items()]
+    recs = list(prog.recomputes) + added
+    if in_order:
+        # What canonical would do, without its work: the records are in stream
+        # order already and a drop keeps its out's place, so no index changes;
+        # and prog's own recomputations have their inputs back already.
+        outs = list(prog.outs)
+        for j in dropped:
+            o = outs[j]
+            outs[j] = OutRec(o.buf, o.out_after, False)
+        ins = tuple(r for i, r in enumerate(prog.ins) if i not in chosen)
+        by_stream = lambda r: (r.need, r.buf)  # noqa: E731
+        return inputs_back(cg, Program(prog.order, prog.resident, tuple(outs), ins,
+                                       prog.op_waits, tuple(sorted(recs, key=by_stream))),
+                           only=sorted(added, key=by_stream))
     outs = [OutRec(o.buf, o.out_after, False) if j in dropped else o
             for j, o in enumerate(prog.outs)]
     ins = [r for i, r in enumerate(prog.ins) if i not in chosen]
-    recs = list(prog.recomputes) + [RecomputeRec(prog.ins[i].buf, prog.ins[i].own_out,
-                                                 prog.ins[i].need, ops)
-                                    for i, ops in chosen.items()]
     return inputs_back(cg, canonical(prog.order, prog.resident, outs, ins, prog.op_waits, recs))
 
 
-def _greedy(cg, prog, allocation, spec, order, base):
+def _in_stream_order(prog) -> bool:
+    """Whether ``prog`` is as :func:`~tfswap.core.program.canonical` leaves it, so
+    :func:`_recomputed` may skip that."""
+    keys = [(o.out_after, o.buf) for o in prog.outs]
+    in_keys = [(r.need, r.buf) for r in prog.ins]
+    return (keys == sorted(keys) and in_keys == sorted(in_keys)
+            and all(list(r.waits) == sorted(r.waits) for r in prog.ins)
+            and list(prog.op_waits) == sorted(prog.op_waits)
+            and list(prog.resident) == sorted(prog.resident)
+            and all(isinstance(r.ops, tuple) for r in prog.recomputes))
+
+
+def _greedy(cg, prog, allocation, spec, order, base, in_order=False):
     """Take the candidates in ``order`` one at a time, each kept if the simulated
     step gets faster: (chosen, its simulation)."""
     chosen, best = {}, base
     for _, i, ops in order:
-        trial = _recomputed(cg, prog, {**chosen, i: ops})
+        trial = _recomputed(cg, prog, {**chosen, i: ops}, in_order)
         result = try_program(cg, trial, allocation, spec)
         if result is None:   # an input away at that point, or no free object then
             continue
@@ -233,6 +304,7 @@ def with_recomputes(problem: Problem, plan: Plan, spec: DeviceSpec, budget_bytes
     if not found:
         return plan
     base = run_program(cg, prog, plan.allocation, spec)
+    in_order = _in_stream_order(prog)
     # Two greedy passes, keeping the faster: the largest saving first, and the
     # cheapest recomputation for what it saves first (Capuchin's ranking).  An
     # expensive one taken early can bring inputs back that crowd out several
@@ -241,12 +313,12 @@ def with_recomputes(problem: Problem, plan: Plan, spec: DeviceSpec, budget_bytes
     by_ratio = sorted(found, key=lambda e: (-e[0] / (time_of[e[1]] + 1e-9), e[1]))
     chosen, best = {}, base
     for order in (found, by_ratio):
-        picked, result = _greedy(cg, prog, plan.allocation, spec, order, base)
+        picked, result = _greedy(cg, prog, plan.allocation, spec, order, base, in_order)
         if result.step_time_s < best.step_time_s:
             chosen, best = picked, result
     allocation = plan.allocation
     while chosen:
-        final = _recomputed(cg, prog, chosen)
+        final = _recomputed(cg, prog, chosen, in_order)
         if not allocation.shared:
             break
         # Busy times moved, so the shared pool is laid out again; where it grows
@@ -276,5 +348,5 @@ def with_recomputes(problem: Problem, plan: Plan, spec: DeviceSpec, budget_bytes
                               swap_in_bytes=best.h2d_bytes))
 
 
-__all__ = ["MAX_CHAIN_OPS", "MAX_TRIALS", "ChainIndex", "candidates", "value_chain",
-           "with_recomputes"]
+__all__ = ["MAX_CHAIN_OPS", "MAX_TRIALS", "ChainIndex", "candidates", "chain_index",
+           "value_chain", "with_recomputes"]

@@ -68,7 +68,8 @@ from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.plan import Allocation, Plan
-from tfswap.core.program import Program, buffer_classes, from_plan, recompute_ops
+from tfswap.core.program import (Program, _schedule_lookup, buffer_classes, from_plan,
+                                 recompute_ops)
 
 
 class PlanError(RuntimeError):
@@ -178,8 +179,13 @@ def try_program_rows(cg: CompiledGraph, prog: Program, allocation: Allocation,
     run, whose ``event_rows`` hold them as (take, buffer, class, object) rows with
     ``allocations``), or None: for a caller that reads the rows alone
     (:func:`tfswap.core.layout.shared_layout_rows`)."""
-    fast = native.simulate_program(cg, prog, allocation, spec, buffer_classes(cg, allocation),
-                                   events=allocations)
+    # The buffers' classes, kept with the allocation for each compiled graph.
+    classes = native.by_identity("classes", allocation, dict)
+    got = classes.get(id(cg))
+    if got is None or got[0] is not cg:
+        got = classes[id(cg)] = (cg, buffer_classes(cg, allocation))
+    buf_class = got[1]
+    fast = native.simulate_program(cg, prog, allocation, spec, buf_class, events=allocations)
     if fast.status:
         return None
     return SimResult(step_time_s=fast.step_time_s, ideal_time_s=_ideal_time_of(cg, prog.order),
@@ -195,6 +201,9 @@ def _ideal_time_of(cg: CompiledGraph, order: tuple[int, ...]) -> float:
     if cache is None:
         cache = {}
         object.__setattr__(cg, "_ideal_times", cache)
+    last = cg.__dict__.get("_ideal_time_last")
+    if last is not None and last[0] is order:   # a trial loop's programs share the tuple
+        return last[1]
     key = order if isinstance(order, tuple) else tuple(int(o) for o in order)
     t = cache.get(key)
     if t is None:
@@ -202,6 +211,8 @@ def _ideal_time_of(cg: CompiledGraph, order: tuple[int, ...]) -> float:
         if len(cache) >= 8:
             cache.pop(next(iter(cache)))
         cache[key] = t
+    if isinstance(order, tuple):
+        object.__setattr__(cg, "_ideal_time_last", (order, t))
     return t
 
 
@@ -758,7 +769,7 @@ def _program(graph, plan, keep, allocation, compiled, copy_bytes, copy_parts):
     v1 = plan.allocation is None and not plan.resident_parameters
     thr = allocation.small_threshold_bytes if allocation else 1 << 20
     cg = compiled or CompiledGraph.build(graph, thr, keep)
-    order = cg.order_of(plan.schedule)
+    order = _schedule_lookup(cg, plan.schedule)[0]   # cg.order_of, kept for from_plan
     if allocation is None:
         allocation = default_allocation(cg, order, budget_bytes=np.iinfo(np.int64).max)
     swaps, copy_bytes, copy_parts = _whole_buffers(cg, plan.swaps, copy_bytes, copy_parts)

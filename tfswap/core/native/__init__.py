@@ -44,6 +44,13 @@ def _configure(lib: ctypes.CDLL) -> None:
 
     lib.tfswap_place_objects.restype = ctypes.c_int
     lib.tfswap_place_objects.argtypes = [ctypes.c_int] + [p] * 6
+    lib.tfswap_byte_scan.restype = ctypes.c_int
+    lib.tfswap_byte_scan.argtypes = (
+        [ctypes.c_int] * 2 + [p] * 13 + [ctypes.c_int, p, ctypes.c_int64]
+        + [ctypes.c_double] * 3 + [ctypes.c_int] + [ctypes.c_double] * 2 + [ctypes.c_int64]
+        + [ctypes.c_int] + [p] * 6 + [ctypes.c_double, ctypes.c_int, p, p])
+    lib.tfswap_byte_scan_fetch.restype = ctypes.c_int
+    lib.tfswap_byte_scan_fetch.argtypes = [p] * 5
 
 
 _LIBRARY = NativeLibrary(Path(__file__).resolve().parent / "planner_sim.cc",
@@ -124,6 +131,51 @@ def _i32(values, width: int = 1) -> np.ndarray:
                                 if len(values) else np.zeros((0, width), np.int32))
 
 
+_IDENTITY: dict = {}
+_IDENTITY_LOCK = threading.Lock()
+
+
+def by_identity(what: str, obj, make):
+    """``make()``, kept as ``what`` of ``obj`` for the last few ``obj`` by identity
+    (``obj`` is held, so its id is not reused while kept): for what the
+    planners' trial loops pass again and again, the same tuple or allocation,
+    where hashing costs more than the cache saves.  Callers only read it."""
+    key = (what, id(obj))
+    got = _IDENTITY.get(key)
+    if got is not None and got[0] is obj:
+        return got[1]
+    value = make()
+    with _IDENTITY_LOCK:
+        if len(_IDENTITY) >= 64:
+            _IDENTITY.pop(next(iter(_IDENTITY)))
+        _IDENTITY[key] = (obj, value)
+    return value
+
+
+_ORDERS: dict = {}   # order tuple -> its int32 array (read only), the last few
+_LAST_ORDER: list = [(None, None)]
+
+
+def _order_array(order) -> np.ndarray:
+    """``order`` (a Program's tuple) as an int32 array, kept for the last few orders:
+    the planners simulate many programs of one order, and converting it costs
+    more than hashing it."""
+    last = _LAST_ORDER[0]    # one tuple: read whole, whatever another thread does
+    if last[0] is order:        # the same tuple: a trial loop's programs share it
+        return last[1]
+    got = _ORDERS.get(order) if isinstance(order, tuple) else None
+    if got is None:
+        got = np.ascontiguousarray(order, dtype=np.int32)
+        if isinstance(order, tuple):
+            got.flags.writeable = False
+            if len(_ORDERS) >= 4:
+                _ORDERS.pop(next(iter(_ORDERS)), None)
+            _ORDERS[order] = got
+    if isinstance(order, tuple):
+        _LAST_ORDER[0] = (order, got)
+    return got
+
+
 def simulate_program(cg: CompiledGraph, prog: Program, allocation: Allocation,
                      spec: DeviceSpec, buf_class: np.ndarray,
                      events: bool = False) -> ProgramRun:
@@ -132,17 +184,26 @@ def simulate_program(cg: CompiledGraph, prog: Program, allocation: Allocation,
     ``buf_class``: the buffers' size classes under ``allocation``; ``events``:
     also return the pool's allocation events (what a shared layout is made from)."""
     lib = library()
-    order = np.ascontiguousarray(prog.order, dtype=np.int32)
+    order = _order_array(prog.order)
     buf_class = np.ascontiguousarray(buf_class, dtype=np.int32)
-    counts = np.asarray(allocation.class_count, dtype=np.int64)
-    sizes = np.asarray(allocation.class_bytes, dtype=np.int64)
-    resident = _i32(prog.resident)
-    outs = _i32([(o.buf, o.out_after, int(o.copy)) for o in prog.outs], 3)
-    ins = _i32([(r.buf, r.trigger, r.own_out, r.need) for r in prog.ins], 4)
-    wait_ptr = np.ascontiguousarray(np.concatenate(
-        [[0], np.cumsum([len(r.waits) for r in prog.ins], dtype=np.int64)]).astype(np.int32))
-    waits = _i32([j for r in prog.ins for j in r.waits])
-    op_waits = _i32(prog.op_waits, 2)
+    counts, sizes = by_identity("pool", allocation, lambda: (
+        np.asarray(allocation.class_count, dtype=np.int64),
+        np.asarray(allocation.class_bytes, dtype=np.int64)))
+    resident = by_identity("i32", prog.resident, lambda: _i32(prog.resident))
+    # Flat lists made into arrays at once (a list of tuples costs numpy twice as much).
+    flat = []
+    for o in prog.outs:
+        flat += (o.buf, o.out_after, o.copy)
+    outs = np.array(flat, np.int32).reshape(-1, 3)
+    flat, wait_ptr, waits = [], [0], []
+    for r in prog.ins:
+        flat += (r.buf, r.trigger, r.own_out, r.need)
+        waits += r.waits
+        wait_ptr.append(len(waits))
+    ins = np.array(flat, np.int32).reshape(-1, 4)
+    wait_ptr = np.array(wait_ptr, np.int32)
+    waits = np.array(waits or [0], np.int32)
+    op_waits = by_identity("i32x2", prog.op_waits, lambda: _i32(prog.op_waits, 2))
     chains = [recompute_ops(cg, r) for r in prog.recomputes]
     recs = _i32([(r.buf, r.need) for r in prog.recomputes], 2)
     rec_ptr = np.ascontiguousarray(np.concatenate(
@@ -251,3 +312,49 @@ def place_objects(iv_ptr: np.ndarray, iv_start: np.ndarray, iv_end: np.ndarray,
     library().tfswap_place_objects(n, _ptr(iv_ptr), _ptr(iv_start), _ptr(iv_end), _ptr(order),
                                    _ptr(size), _ptr(offset))
     return offset[:n]
+
+
+@dataclass(frozen=True)
+class ByteScanRecords:
+    """:func:`byte_scan`'s records, unsorted, as the reference scan makes them:
+    ``outs`` [n, 3] (buffer, out_after, copy), ``ins`` [n, 5] (buffer, trigger,
+    own out, need, how many waits), ``waits`` (each in's in turn), ``op_waits``
+    [n, 2], ``recs`` [n, 4] (buffer, drop, need, chain id)."""
+    outs: np.ndarray
+    ins: np.ndarray
+    waits: np.ndarray
+    op_waits: np.ndarray
+    recs: np.ndarray
+
+
+def byte_scan(order_args: tuple, cap: int, spec: DeviceSpec, lookahead, margin_s: float,
+              chain_args: tuple | None, share_s_per_byte: float, cheapest: bool):
+    """One byte-cap scan (:class:`tfswap.core.byte_planner._ByteScan`, compiled):
+    its :class:`ByteScanRecords`, or ``(position, bytes)`` where an op cannot get
+    its bytes under ``cap``.  ``order_args``: the order's arrays
+    (``byte_planner._Static.native_args``); ``chain_args``: the chains'
+    (``byte_planner._Chains.native_args``) or None."""
+    lib = library()
+    fail = np.zeros(2, dtype=np.int64)
+    sizes = np.zeros(5, dtype=np.int64)
+    if chain_args is None:
+        chain_args = (0, None, None, None, None, None, None)
+    else:
+        chain_args = (1,) + tuple(_ptr(a) for a in chain_args)
+    status = lib.tfswap_byte_scan(
+        *order_args, float(spec.h2d_bytes_per_s), float(spec.d2h_bytes_per_s),
+        float(spec.copy_latency_s), int(lookahead is not None),
+        float(lookahead) if lookahead is not None else 0.0, float(margin_s), int(cap),
+        *chain_args, float(share_s_per_byte), int(cheapest), _ptr(fail), _ptr(sizes))
+    if status:
+        return int(fail[0]), int(fail[1])
+    n_out, n_in, n_wait, n_opw, n_rec = (int(x) for x in sizes)
+    outs = np.zeros((n_out, 3), np.int32)
+    ins = np.zeros((n_in, 5), np.int32)
+    waits = np.zeros(max(n_wait, 1), np.int32)
+    op_waits = np.zeros((n_opw, 2), np.int32)
+    recs = np.zeros((n_rec, 4), np.int32)
+    if lib.tfswap_byte_scan_fetch(_ptr(outs), _ptr(ins), _ptr(waits), _ptr(op_waits),
+                                  _ptr(recs)):
+        raise RuntimeError("the byte scan's records are gone (a tfswap bug)")
+    return ByteScanRecords(outs, ins, waits[:n_wait], op_waits, recs)

@@ -767,3 +767,431 @@ int tfswap_place_objects(int n_obj, const int32_t* iv_ptr, const int64_t* iv_sta
 }
 
 }  // extern "C"
+
+// ---------------------------------------------------------------------------
+// The byte-cap scan: a line-by-line port of tfswap/core/byte_planner.py
+// (_ByteScan.run and the methods it calls).  What depends on the order alone
+// (uses, releases, ideal times) and the value chains of the ops that may run
+// again come from Python as arrays (byte_planner._Static, _Chains); the scan
+// returns its records unsorted, and Python makes the Program (canonical,
+// inputs_back).  tests/core/test_byte_planner.py checks the two give the same
+// programs.
+
+namespace {
+
+// A heap entry: (-next use, last use, buffer, version) as in the reference;
+// rank is the cheap heap's first key (0 in the main heap); chain: the chain
+// of the buffer's drop (the reference's chain_of at the time of the push).
+struct BEntry { int64_t nneed; int k, b, v; double rank; int chain; };
+// std heaps are max-heaps: "greater" makes the smallest tuple the top, as heapq.
+struct BEntryGreater {
+  bool operator()(const BEntry& x, const BEntry& y) const {
+    if (x.rank != y.rank) return x.rank > y.rank;
+    if (x.nneed != y.nneed) return x.nneed > y.nneed;
+    if (x.k != y.k) return x.k > y.k;
+    if (x.b != y.b) return x.b > y.b;
+    return x.v > y.v;
+  }
+};
+struct BOut { int buf, after, copy; };
+struct BIn { int buf, trigger, own, need; std::vector<int> waits; };
+struct BRec { int buf, drop, need, chain; };
+
+struct ByteScan {
+  // Inputs.
+  int n, B;
+  const int32_t *read_ptr, *reads, *alloc_ptr, *allocs, *rel_ptr, *rels, *use_ptr, *uses;
+  const int32_t *last, *movable;
+  const int64_t* nb;
+  const double *istart, *iend;
+  double h2d, d2h, latency, lookahead, margin;
+  bool has_lookahead;
+  int64_t cap;
+  // Chains (may be empty: no recomputation).
+  const int32_t* slot_chain;   // per entry of uses: the chain for that next use, or -1
+  const double* chain_time;
+  const int32_t *made_ptr, *made, *inp_ptr, *inp;
+  double share_s_per_byte;
+  bool cheapest, chains;
+  // State.
+  int64_t never;
+  std::vector<int64_t> occ;
+  std::vector<char> resident;
+  std::vector<int> cursor, version, last_use, pending_out, last_out, stamp, anchors;
+  std::vector<int> remake_drop, remake_chain;  // -1: not dropped
+  std::vector<BEntry> heap, cheap;
+  std::vector<int64_t> temps_for;  // sorted keys t * (never + 1) + need
+  std::vector<BOut> outs;
+  std::vector<BIn> ins;
+  std::vector<std::pair<int, int>> op_waits;
+  std::vector<BRec> recs;
+  int front = 0;
+  int64_t lazy = 0;
+  int fail_k = -1;
+  int64_t fail_bytes = 0;
+
+  int64_t next_use(int b) const {
+    int c = cursor[b], n_u = use_ptr[b + 1] - use_ptr[b];
+    return c < n_u ? uses[use_ptr[b] + c] : never;
+  }
+  void add_from(int first, int64_t bytes) {
+    for (int i = first; i <= front; ++i) occ[i] += bytes;
+    lazy += bytes;
+  }
+  void hold(int b, int first) {
+    resident[b] = 1;
+    ++version[b];
+    add_from(first, nb[b]);
+  }
+  void in_flight(const std::vector<int>& evicted, int taken) {
+    for (int j : evicted) {
+      const BOut& o = outs[j];
+      for (int i = o.after + 1; i < taken; ++i) occ[i] += nb[o.buf];
+    }
+  }
+  bool temp_taken(int64_t key) const {
+    return std::binary_search(temps_for.begin(), temps_for.end(), key);
+  }
+  void push(std::vector<BEntry>& h, const BEntry& e) {
+    h.push_back(e);
+    std::push_heap(h.begin(), h.end(), BEntryGreater());
+  }
+  BEntry pop(std::vector<BEntry>& h) {
+    std::pop_heap(h.begin(), h.end(), BEntryGreater());
+    BEntry e = h.back();
+    h.pop_back();
+    return e;
+  }
+
+  void use(int b, int k) {
+    last_use[b] = k;
+    const int32_t* u = uses + use_ptr[b];
+    int c = cursor[b], n_u = use_ptr[b + 1] - use_ptr[b];
+    while (c < n_u && u[c] <= k) ++c;
+    cursor[b] = c;
+    int v = ++version[b];
+    if (movable[b] && last[b] != k) {
+      int64_t need = c < n_u ? u[c] : never;
+      BEntry e{-need, k, b, v, 0.0, -1};
+      push(heap, e);
+      int ch = (chains && c < n_u) ? slot_chain[use_ptr[b] + c] : -1;
+      if (ch >= 0 && chain_time[ch] <= (double)nb[b] * share_s_per_byte) {
+        e.chain = ch;
+        e.rank = cheapest ? chain_time[ch] / (double)nb[b] : 0.0;
+        push(cheap, e);
+      }
+    }
+  }
+
+  int evict(int e) {
+    int q = last_use[e];
+    resident[e] = 0;
+    ++version[e];
+    add_from(q + 1, -nb[e]);
+    outs.push_back(BOut{e, q, 1});
+    int j = (int)outs.size() - 1;
+    last_out[e] = j;
+    pending_out[e] = next_use(e) < never ? j : -1;
+    return j;
+  }
+
+  bool drop_one(int k) {
+    std::vector<BEntry> skipped;
+    bool dropped = false;
+    while (!cheap.empty()) {
+      BEntry entry = pop(cheap);
+      int b = entry.b;
+      if (!resident[b] || version[b] != entry.v) continue;
+      if (stamp[b] == k || -entry.nneed <= (int64_t)k + 1) {
+        skipped.push_back(entry);
+        continue;
+      }
+      int ch = entry.chain;
+      int64_t need = -entry.nneed;
+      bool refuse = anchors[b] != 0;
+      for (int i = inp_ptr[ch]; !refuse && i < inp_ptr[ch + 1]; ++i)
+        refuse = remake_drop[inp[i]] >= 0;
+      for (int i = made_ptr[ch]; !refuse && i < made_ptr[ch + 1]; ++i)
+        refuse = made[i] != b && temp_taken((int64_t)made[i] * (never + 1) + need);
+      if (refuse) continue;
+      for (int i = inp_ptr[ch]; i < inp_ptr[ch + 1]; ++i) ++anchors[inp[i]];
+      for (int i = made_ptr[ch]; i < made_ptr[ch + 1]; ++i) {
+        if (made[i] == b) continue;
+        int64_t key = (int64_t)made[i] * (never + 1) + need;
+        auto at = std::lower_bound(temps_for.begin(), temps_for.end(), key);
+        if (at == temps_for.end() || *at != key) temps_for.insert(at, key);
+      }
+      int q = last_use[b];
+      resident[b] = 0;
+      ++version[b];
+      add_from(q + 1, -nb[b]);
+      outs.push_back(BOut{b, q, 0});
+      remake_drop[b] = (int)outs.size() - 1;
+      remake_chain[b] = ch;
+      dropped = true;
+      break;
+    }
+    for (const BEntry& e : skipped) push(cheap, e);
+    return dropped;
+  }
+
+  // False: infeasible (fail_k, fail_bytes say where).
+  bool make_room(int incoming, int k, int64_t extra, std::vector<int>& evicted) {
+    int64_t need = nb[incoming] + extra;
+    double in_t = latency + (double)nb[incoming] / h2d;
+    double limit = istart[k] + margin;
+    std::vector<BEntry> put_back, recent;
+    while (occ[k] + need > cap && drop_one(k)) {
+    }
+    while (occ[k] + need > cap) {
+      int e = -1;
+      while (!heap.empty()) {
+        BEntry entry = pop(heap);
+        int b = entry.b;
+        if (!resident[b] || version[b] != entry.v) continue;
+        if (stamp[b] == k) {
+          put_back.push_back(entry);
+        } else if (iend[last_use[b]] + latency + (double)nb[b] / d2h + in_t > limit) {
+          recent.push_back(entry);
+        } else {
+          e = b;
+          break;
+        }
+      }
+      if (e < 0 && !recent.empty()) {
+        size_t best = 0;
+        BEntryGreater greater;
+        for (size_t i = 1; i < recent.size(); ++i)
+          if (greater(recent[best], recent[i])) best = i;
+        e = recent[best].b;
+        recent.erase(recent.begin() + best);
+      }
+      if (e < 0) {
+        fail_k = k;
+        fail_bytes = occ[k] + need;
+        return false;
+      }
+      evicted.push_back(evict(e));
+    }
+    for (const BEntry& x : put_back) push(heap, x);
+    for (const BEntry& x : recent) push(heap, x);
+    return true;
+  }
+
+  bool bring(int b, int k) {
+    return remake_drop[b] >= 0 ? remake(b, k) : swap_in(b, k);
+  }
+
+  bool remake(int b, int k) {
+    int j = remake_drop[b], ch = remake_chain[b];
+    remake_drop[b] = remake_chain[b] = -1;
+    int64_t extra = 0;
+    for (int i = made_ptr[ch]; i < made_ptr[ch + 1]; ++i)
+      if (made[i] != b) extra += nb[made[i]];
+    for (int i = inp_ptr[ch]; i < inp_ptr[ch + 1]; ++i) --anchors[inp[i]];
+    for (int i = inp_ptr[ch]; i < inp_ptr[ch + 1]; ++i) stamp[inp[i]] = k;
+    for (int i = inp_ptr[ch]; i < inp_ptr[ch + 1]; ++i) {
+      int x = inp[i];
+      if (!resident[x] && !bring(x, k)) return false;
+      last_use[x] = std::max(last_use[x], k);
+    }
+    std::vector<int> evicted;
+    if (!make_room(b, k, extra, evicted)) return false;
+    for (int e : evicted) op_waits.emplace_back(k, e);
+    in_flight(evicted, k);
+    occ[k] += extra;
+    hold(b, k);
+    recs.push_back(BRec{b, j, k, ch});
+    return true;
+  }
+
+  // Python's bisect_right(iend, x), step for step.
+  int bisect_right(double x) const {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (x < iend[mid]) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+  }
+
+  bool swap_in(int b, int k) {
+    int64_t bytes = nb[b];
+    std::vector<int> evicted;
+    if (!make_room(b, k, 0, evicted)) return false;
+    int prev = last_out[b];
+    int floor = prev >= 0 ? outs[prev].after : -1;  // START
+    for (int j : evicted) floor = std::max(floor, outs[j].after);
+    if (has_lookahead) {
+      double want = istart[k] - lookahead * (latency + (double)bytes / h2d);
+      floor = std::max(floor, std::min(k - 1, bisect_right(want) - 1));
+    }
+    int lo = floor + 1, trigger = floor;
+    for (int i = k - 1; i >= lo; --i)
+      if (occ[i] + bytes > cap) { trigger = i; break; }
+    ins.push_back(BIn{b, trigger, pending_out[b], k, evicted});
+    pending_out[b] = -1;
+    in_flight(evicted, trigger + 1);
+    hold(b, trigger + 1);
+    return true;
+  }
+
+  bool run(const int32_t* start, int n_start, int64_t start_bytes) {
+    never = 2 * (int64_t)n + 2;
+    occ.assign(n + 1, start_bytes);
+    resident.assign(B, 0);
+    cursor.assign(B, 0);
+    version.assign(B, 0);
+    last_use.assign(B, -1);
+    pending_out.assign(B, -1);
+    last_out.assign(B, -1);
+    stamp.assign(B, -1);
+    anchors.assign(B, 0);
+    remake_drop.assign(B, -1);
+    remake_chain.assign(B, -1);
+    for (int i = 0; i < n_start; ++i) resident[start[i]] = 1;
+    for (int k = 0; k < n; ++k) {
+      if (k) {
+        occ[k] += lazy;
+        front = k;
+      }
+      for (int i = read_ptr[k]; i < read_ptr[k + 1]; ++i) stamp[reads[i]] = k;
+      for (int i = alloc_ptr[k]; i < alloc_ptr[k + 1]; ++i) stamp[allocs[i]] = k;
+      for (int i = read_ptr[k]; i < read_ptr[k + 1]; ++i)
+        if (!resident[reads[i]] && !bring(reads[i], k)) return false;
+      for (int i = alloc_ptr[k]; i < alloc_ptr[k + 1]; ++i) {
+        int b = allocs[i];
+        if (resident[b]) continue;
+        std::vector<int> evicted;
+        if (!make_room(b, k, 0, evicted)) return false;
+        for (int e : evicted) op_waits.emplace_back(k, e);
+        in_flight(evicted, k);
+        hold(b, k);
+      }
+      for (int i = read_ptr[k]; i < read_ptr[k + 1]; ++i) use(reads[i], k);
+      for (int i = alloc_ptr[k]; i < alloc_ptr[k + 1]; ++i) use(allocs[i], k);
+      for (int i = rel_ptr[k]; i < rel_ptr[k + 1]; ++i) {
+        int b = rels[i];
+        if (resident[b]) {
+          resident[b] = 0;
+          ++version[b];
+          lazy -= nb[b];
+        }
+      }
+    }
+    return true;
+  }
+};
+
+thread_local ByteScan* g_last_scan = nullptr;  // until fetched (same thread)
+
+}  // namespace
+
+extern "C" {
+
+// One byte-cap scan.  Returns 0 (the records wait in the library until
+// tfswap_byte_scan_fetch copies them out, in the same thread), or 1: an op
+// cannot get its bytes under the cap (fail[0]: its position, fail[1]: the bytes
+// it would take).  sizes_out: [n_outs, n_ins, n_waits, n_op_waits, n_recs].
+int tfswap_byte_scan(
+    int n, int n_bufs, const int32_t* read_ptr, const int32_t* reads, const int32_t* alloc_ptr,
+    const int32_t* allocs, const int32_t* rel_ptr, const int32_t* rels, const int32_t* use_ptr,
+    const int32_t* uses, const int32_t* last, const int32_t* movable, const int64_t* nbytes,
+    const double* istart, const double* iend, int n_start, const int32_t* start,
+    int64_t start_bytes, double h2d, double d2h, double latency, int has_lookahead,
+    double lookahead, double margin, int64_t cap,
+    int has_chains, const int32_t* slot_chain, const double* chain_time,
+    const int32_t* made_ptr, const int32_t* made, const int32_t* inp_ptr, const int32_t* inp,
+    double share_s_per_byte, int cheapest, int64_t* fail, int64_t* sizes_out) {
+  delete g_last_scan;
+  g_last_scan = nullptr;
+  ByteScan* s = new ByteScan();
+  s->n = n; s->B = n_bufs;
+  s->read_ptr = read_ptr; s->reads = reads; s->alloc_ptr = alloc_ptr; s->allocs = allocs;
+  s->rel_ptr = rel_ptr; s->rels = rels; s->use_ptr = use_ptr; s->uses = uses;
+  s->last = last; s->movable = movable; s->nb = nbytes; s->istart = istart; s->iend = iend;
+  s->h2d = h2d; s->d2h = d2h; s->latency = latency; s->has_lookahead = has_lookahead != 0;
+  s->lookahead = lookahead; s->margin = margin; s->cap = cap;
+  s->chains = has_chains != 0; s->slot_chain = slot_chain; s->chain_time = chain_time;
+  s->made_ptr = made_ptr; s->made = made; s->inp_ptr = inp_ptr; s->inp = inp;
+  s->share_s_per_byte = share_s_per_byte; s->cheapest = cheapest != 0;
+  if (!s->run(start, n_start, start_bytes)) {
+    fail[0] = s->fail_k;
+    fail[1] = s->fail_bytes;
+    delete s;
+    return 1;
+  }
+  int64_t n_waits = 0;
+  for (const BIn& r : s->ins) n_waits += (int64_t)r.waits.size();
+  sizes_out[0] = (int64_t)s->outs.size();
+  sizes_out[1] = (int64_t)s->ins.size();
+  sizes_out[2] = n_waits;
+  sizes_out[3] = (int64_t)s->op_waits.size();
+  sizes_out[4] = (int64_t)s->recs.size();
+  g_last_scan = s;
+  return 0;
+}
+
+// The last scan's records in stream order, as tfswap/core/program.py's
+// canonical leaves them (stable sorts on the same keys, out indices renumbered):
+// outs [n_outs x 3] (buf, out_after, copy) by (out_after, buf), ins [n_ins x 5]
+// (buf, trigger, own_out, need, n_waits) by (need, buf), waits [n_waits] (each
+// in's in turn, ascending), op_waits [n x 2] ascending, recs [n x 4] (buf, drop,
+// need, chain) by (need, buf).
+int tfswap_byte_scan_fetch(int32_t* outs, int32_t* ins, int32_t* waits, int32_t* op_waits,
+                           int32_t* recs) {
+  ByteScan* s = g_last_scan;
+  if (!s) return 1;
+  {
+    const size_t n_out = s->outs.size();
+    std::vector<int> perm(n_out), new_of(n_out);
+    for (size_t j = 0; j < n_out; ++j) perm[j] = (int)j;
+    std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) {
+      const BOut &x = s->outs[a], &y = s->outs[b];
+      return x.after != y.after ? x.after < y.after : x.buf < y.buf;
+    });
+    std::vector<BOut> sorted_outs(n_out);
+    for (size_t j = 0; j < n_out; ++j) {
+      new_of[perm[j]] = (int)j;
+      sorted_outs[j] = s->outs[perm[j]];
+    }
+    s->outs.swap(sorted_outs);
+    for (BIn& r : s->ins) {
+      for (int& w : r.waits) w = new_of[w];
+      std::sort(r.waits.begin(), r.waits.end());
+      if (r.own >= 0) r.own = new_of[r.own];
+    }
+    std::stable_sort(s->ins.begin(), s->ins.end(), [](const BIn& x, const BIn& y) {
+      return x.need != y.need ? x.need < y.need : x.buf < y.buf;
+    });
+    for (auto& w : s->op_waits) w.second = new_of[w.second];
+    std::sort(s->op_waits.begin(), s->op_waits.end());
+    for (BRec& r : s->recs) r.drop = new_of[r.drop];
+    std::stable_sort(s->recs.begin(), s->recs.end(), [](const BRec& x, const BRec& y) {
+      return x.need != y.need ? x.need < y.need : x.buf < y.buf;
+    });
+  }
+  for (size_t i = 0; i < s->outs.size(); ++i) {
+    outs[3 * i] = s->outs[i].buf; outs[3 * i + 1] = s->outs[i].after;
+    outs[3 * i + 2] = s->outs[i].copy;
+  }
+  size_t w = 0;
+  for (size_t i = 0; i < s->ins.size(); ++i) {
+    const BIn& r = s->ins[i];
+    ins[5 * i] = r.buf; ins[5 * i + 1] = r.trigger; ins[5 * i + 2] = r.own;
+    ins[5 * i + 3] = r.need; ins[5 * i + 4] = (int32_t)r.waits.size();
+    for (int j : r.waits) waits[w++] = j;
+  }
+  for (size_t i = 0; i < s->op_waits.size(); ++i) {
+    op_waits[2 * i] = s->op_waits[i].first; op_waits[2 * i + 1] = s->op_waits[i].second;
+  }
+  for (size_t i = 0; i < s->recs.size(); ++i) {
+    recs[4 * i] = s->recs[i].buf; recs[4 * i + 1] = s->recs[i].drop;
+    recs[4 * i + 2] = s->recs[i].need; recs[4 * i + 3] = s->recs[i].chain;
+  }
+  delete s;
+  g_last_scan = nullptr;
+  return 0;
+}
+
+}  // extern "C"
