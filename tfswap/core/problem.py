@@ -5,7 +5,7 @@ graph, the tensors that must stay on the device to the end, TensorFlow's
 own order, the small-tensor threshold, where parameters start the step, and
 the flattened arrays (:class:`~tfswap.core.compiled.CompiledGraph`) built
 once from those.  The TensorFlow adapter builds it with
-:func:`tfswap.tf.lower.problem_of`; framework-free code (tests, research)
+:func:`tfswap.tf.lower.lower`; framework-free code (tests, research)
 builds it from a graph with :meth:`Problem.of`.
 
 Example::
