@@ -222,7 +222,7 @@ def concrete_function(name: str, batch: int):
 
 def build_lowered(name: str, batch: int, spec: str):
     """Capture, price and lower model ``name`` in this process, as ``optimize`` lowers a
-    step (:func:`tfswap.tf_lower.lower_default`): the arguments of its
+    step (:func:`tfswap.tf.lower.lower_default`): the arguments of its
     :class:`~tfswap.core.problem.Problem` (graph, keep, schedule, small threshold,
     where parameters start, the ops it may recompute)."""
     from tfswap import pipeline

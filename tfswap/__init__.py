@@ -19,6 +19,7 @@ import importlib
 
 from tfswap.core.budget import BudgetError
 from tfswap.core.plan import Plan, Prediction, Swap
+from tfswap.options import Options
 
 __version__ = "0.1.0"
 
@@ -42,5 +43,5 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY) | {"keras"})
 
 
-__all__ = ["AnytimeFunction", "BudgetError", "NoDeviceError", "OptimizedFunction", "Plan", "PlanMismatchError",
+__all__ = ["AnytimeFunction", "BudgetError", "NoDeviceError", "OptimizedFunction", "Options", "Plan", "PlanMismatchError",
            "Prediction", "Swap", "load_plan", "optimize", "__version__"]

@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -185,51 +184,38 @@ class OptimizedFunction:
         return report.plot_memory(path, self.timeline(), budget_bytes=self.budget_bytes)
 
 
-def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str | None = None,
-             device_spec: str | DeviceSpec | None = None, profile: str = "auto",
-             search_time: float = 60.0, generations: int | None = None, seed: int = 0,
-             workers: int | None = None,
-             executor=None, inputs=None, safety_margin: float = 0.05,
-             small_tensor_bytes: int | None = None, verify_rounds: int = 3,
-             planner: str = "tfswap", progress: bool = False, parameters: str = "auto",
-             recompute: bool = True, background: bool = False):
+def optimize(concrete_fn, memory_budget=None, *, options: options_mod.Options | None = None,
+             background: bool = False, **settings):
     """Plan swaps for ``concrete_fn`` so it runs within ``memory_budget`` of device memory.
 
     ``memory_budget``: bytes, a string such as "12GiB", or a fraction of the
-    device's memory.  ``search_time`` (seconds) bounds the whole call;
-    ``generations`` bounds each search instead (same seed, same plan on any
-    machine).  ``workers``: threads scoring candidates (no process is started,
-    so a script without a main guard is safe); ``executor``: any
-    ``concurrent.futures.Executor`` (a process pool, Dask's).  ``parameters``:
-    "auto" (default), "device" or "host", where the variables live between
-    steps; moved variables stay the user's objects.  ``recompute``: tensors
-    cheaper to compute again than to move are recomputed (False: swaps only).
-    ``planner``: "tfswap" (default), the fastest plan of every planner tfswap
-    has; another registered name runs that planner alone (ablations).
-    ``background``: False (default) searches, verifies and returns when done;
-    True returns in seconds a :class:`tfswap.anytime.AnytimeFunction` running
-    on a first plan (each search's first generation), verified, while the full
-    search goes on in a background thread (on all cores but one unless
-    ``workers`` is given); its plan, verified, takes over at a later call
-    (:mod:`tfswap.anytime`).
-    Every argument
-    is described, with its unit and default, in :class:`tfswap.options_mod.Options`;
-    the stages are :mod:`tfswap.pipeline`'s.  Returns an
-    :class:`OptimizedFunction`; a step that already fits gets no swaps.
+    device's memory.  Every other setting is a field of :class:`tfswap.Options`
+    (its unit, default and check are there), given as a keyword here
+    (``search_time=30``, ``generations=10``, ``parameters="host"``, ...) or as
+    ``options`` (keywords override it).  The ones most calls pass:
+    ``search_time`` (seconds the whole call may take) or ``generations``
+    (each search's length instead: the same plan on any machine);
+    ``parameters`` ("auto", "device", "host": where variables live between
+    steps); ``recompute`` (False: swaps only); ``planner`` ("tfswap", the
+    fastest plan of every planner tfswap has; another registered name runs
+    that one alone, for ablations).
+    ``background``: False (default) searches, verifies and returns an
+    :class:`OptimizedFunction` when done; True returns in seconds a
+    :class:`tfswap.anytime.AnytimeFunction` running on a first plan (each
+    search's first generation), verified, while the full search goes on in a
+    background thread (on all cores but one unless ``workers`` is given);
+    its plan, verified, takes over at a later call (:mod:`tfswap.anytime`).
+    The stages are :mod:`tfswap.pipeline`'s.  A step that already fits gets
+    no swaps.
 
     Example::
 
         fast = tfswap.optimize(cf, memory_budget="12MiB", generations=10)
         fast(x, y)                     # same results as cf(x, y)
         print(fast.report())
+        fast = tfswap.optimize(cf, options=tfswap.Options("12MiB", seed=1))
     """
-    options = options_mod.Options.of(
-        memory_budget, device=device, host=host, device_spec=device_spec, profile=profile,
-        search_time_s=search_time, generations=generations, seed=seed, workers=workers,
-        executor=executor, inputs=inputs, safety_margin=safety_margin,
-        small_tensor_bytes=small_tensor_bytes, verify_rounds=verify_rounds,
-        planner=planner, progress=progress,
-        parameters=parameters, recompute=recompute)
+    options = options_of(memory_budget, options, settings)
     if not isinstance(background, bool):
         raise ValueError(f"background must be True or False, got {background!r}")
     started = time.monotonic()
@@ -247,19 +233,30 @@ def optimize(concrete_fn, memory_budget, *, device: str | None = None, host: str
     if all(p.planner == pipeline.NO_SWAP for p in (first.plan,) + first.replica_plans):
         return anytime.AnytimeFunction(first)   # it fits as it is: nothing to search
     spent = time.monotonic() - started
-
     # The training loop keeps a core of its own unless workers= says otherwise.
-    searching = prepared.options if workers is not None else dataclasses.replace(
-        prepared.options, workers=max(1, (os.cpu_count() or 1) - 1))
+    searching = options if options.workers is not None else \
+        options.replace(workers=max(1, (os.cpu_count() or 1) - 1))
 
     def search(stop_when, between_calls) -> OptimizedFunction:
         # The rest of search_time, counted from when this search starts (searches
         # queue behind each other), or the same generations as in the foreground.
-        seconds = None if generations is not None else max(search_time - spent, 0.0)
+        seconds = None if options.generations is not None else \
+            max(options.search_time - spent, 0.0)
         again = pipeline.searching_again(used, searching, seconds, stop_when)
         return _planned(again, between_calls)
 
     return anytime.AnytimeFunction(first, search)
+
+
+def options_of(memory_budget, options, settings: dict) -> options_mod.Options:
+    """The call's :class:`tfswap.Options`: ``options`` (or the defaults) with
+    ``memory_budget`` and the keyword ``settings`` (what :func:`optimize` and
+    :class:`tfswap.keras.SwapCallback` take)."""
+    if options is None:
+        return options_mod.Options.of(memory_budget, **settings)
+    if not isinstance(options, options_mod.Options):
+        raise TypeError(f"options must be a tfswap.Options, got {type(options).__name__}")
+    return options.replace(memory_budget=memory_budget, **settings)
 
 
 def _placed(prepared: pipeline.Prepared) -> tuple[OptimizedFunction, pipeline.Prepared]:
@@ -370,8 +367,11 @@ def _unverified_reason(prepared: pipeline.Prepared) -> str:
 
 def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
               host: str | None = None, device_spec: str | DeviceSpec | None = None,
-              unmovable=()) -> OptimizedFunction:
+              unmovable=(), options: options_mod.Options | None = None) -> OptimizedFunction:
     """Apply a plan saved with ``plan.save(path)`` to ``concrete_fn`` without searching.
+
+    ``device``, ``host``, ``device_spec``: as for :func:`optimize`, or taken from
+    ``options`` (a :class:`tfswap.Options`; the keywords override it).
 
     Variables the plan ran with in host memory (``plan.host_variables``) that
     are on the device are moved there again (:mod:`tfswap.tf.homes`), unless
@@ -393,6 +393,10 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
         plan = Plan.load(path)
     except PlanFormatError as err:
         raise PlanFormatError(f"{path}: {err}") from err
+    if options is not None:
+        device = device if device is not None else options.device
+        host = host if host is not None else options.host
+        device_spec = device_spec if device_spec is not None else options.device_spec
     device, host = tf_device.placement(device, host)
     captured = capture_mod.capture(concrete_fn, device=device)
     if captured.replicas:

@@ -46,8 +46,8 @@ import tensorflow as tf
 from tensorflow.python.util import nest
 
 import tfswap
-from tfswap import pipeline
-from tfswap import options as options_mod
+from tfswap import api
+from tfswap.options import Options
 from tfswap.core.budget import parse_budget
 
 KINDS = ("train", "test", "predict")
@@ -208,9 +208,11 @@ class SwapCallback(keras.callbacks.Callback):
     """Run ``fit`` (and ``evaluate`` / ``predict``) on steps that fit ``memory_budget``.
 
     ``memory_budget``: device bytes (int), a string such as "12GiB", or a
-    fraction of the device's memory.  ``device_spec``, ``search_time``,
-    ``generations``, ``seed``, ``workers``, ``safety_margin``, ``device``,
-    ``host``, ``parameters``, ``recompute``: passed to :func:`tfswap.optimize` for every plan.
+    fraction of the device's memory.  Every setting of the plans is a field
+    of :class:`tfswap.Options`, given as a keyword (``search_time=30``,
+    ``generations=20``, ``parameters="host"``, ...) or as ``options``, the
+    object :func:`tfswap.optimize` takes (keywords override it); each plan is
+    ``tfswap.optimize(step, options=callback.options, ...)``.
     Where a plan moves the model's variables to host memory (``parameters``
     "auto" or "host"), they stay the model's: ``get_weights``, ``save`` and
     checkpoints see every update, and Keras's own functions (and any other
@@ -260,28 +262,16 @@ class SwapCallback(keras.callbacks.Callback):
         model.evaluate(test_ds, callbacks=[cb])     # plans the test step too
     """
 
-    def __init__(self, memory_budget, device_spec=None, search_time: float = 60.0,
-                 plan_path=USER_CACHE, verbose: int = 1, *, generations: int | None = None,
-                 seed: int = 0, workers: int | None = None, safety_margin: float = 0.05,
-                 device: str | None = None, host: str | None = None,
-                 new_shapes: str = "plan", inference: bool = True, parameters: str = "auto",
-                 recompute: bool = True, background: bool = True):
+    def __init__(self, memory_budget=None, *, options: Options | None = None,
+                 plan_path=USER_CACHE, verbose: int = 1, new_shapes: str = "plan",
+                 inference: bool = True, background: bool = True, **settings):
         super().__init__()
         _require_tensorflow_backend()
-        if isinstance(memory_budget, bool) or memory_budget is None:
-            raise ValueError(f"memory_budget must be bytes, a size string such as '12GiB' or a "
-                             f"fraction of the device's memory, got {memory_budget!r}")
-        if not (isinstance(search_time, (int, float)) and search_time > 0):
-            raise ValueError(f"search_time must be > 0 seconds, got {search_time!r}")
-        if generations is not None and (not isinstance(generations, int) or generations < 1):
-            raise ValueError(f"generations must be an int >= 1 or None, got {generations!r}")
-        if parameters not in options_mod.PARAMETERS:
-            raise ValueError(f"parameters must be one of {options_mod.PARAMETERS} (where the "
-                             f"model's variables live between steps), got {parameters!r}")
+        # The plans' settings: tfswap.Options, checked there (the same object
+        # tfswap.optimize takes).
+        self.options = api.options_of(memory_budget, options, settings)
         if new_shapes not in NEW_SHAPES:
             raise ValueError(f"new_shapes must be one of {NEW_SHAPES}, got {new_shapes!r}")
-        if not isinstance(recompute, bool):
-            raise ValueError(f"recompute must be True or False, got {recompute!r}")
         if isinstance(verbose, bool) or not isinstance(verbose, int) or verbose < 0:
             raise ValueError(f"verbose must be an int >= 0, got {verbose!r}")
         if not isinstance(background, bool):
@@ -293,19 +283,18 @@ class SwapCallback(keras.callbacks.Callback):
             if plan_path.exists() and not plan_path.is_dir():
                 raise ValueError(f"plan_path must be a directory (plans are saved per step and "
                                  f"batch shape), but {plan_path} is a file")
-        self.memory_budget = memory_budget
         self.plan_path = plan_path
         self.verbose = verbose
         self.new_shapes = new_shapes
         self.inference = inference
         self.background = background
-        self._options = dict(device_spec=device_spec, search_time=float(search_time),
-                             generations=generations, seed=seed, workers=workers,
-                             safety_margin=safety_margin, device=device, host=host,
-                             parameters=parameters, recompute=recompute)
         self.functions: dict = {}
         self._saved: dict = {}
         self._warned: set = set()
+
+    @property
+    def memory_budget(self):
+        return self.options.memory_budget
 
     # -- Keras hooks: put our function in at begin, Keras's back at end.
 
@@ -474,8 +463,8 @@ class SwapCallback(keras.callbacks.Callback):
         fast = self._load(path, cf) if path is not None and path.exists() else None
         planned = fast is None
         if planned:
-            fast = tfswap.optimize(cf, self.memory_budget, inputs=inputs,
-                                   background=self.background, **self._options)
+            fast = tfswap.optimize(cf, options=self.options, inputs=inputs,
+                                   background=self.background)
         if fast.relocation is not None:
             self._after_move()
         self.functions[key] = fast
@@ -535,7 +524,6 @@ class SwapCallback(keras.callbacks.Callback):
             final.plan.save(path)
 
     def _load(self, path: Path, cf):
-        options = {k: self._options[k] for k in ("device", "host", "device_spec")}
         # The variables the steps planned so far run with on the device: a plan
         # file that would move one is not loaded (its step is planned again where
         # the variables are), so the plans in use agree on where each lives.
@@ -543,12 +531,12 @@ class SwapCallback(keras.callbacks.Callback):
                      for c in fast.captured.captures
                      if c.variable is not None and not c.host_homed]
         try:
-            fast = tfswap.load_plan(path, cf, unmovable=on_device, **options)
+            fast = tfswap.load_plan(path, cf, unmovable=on_device, options=self.options)
         except tfswap.PlanMismatchError as err:
             if self.verbose >= 1:
                 print(f"tfswap: {err}; planning again")
             return None
-        wanted = parse_budget(self.memory_budget, fast.spec.memory_bytes)
+        wanted = parse_budget(self.options.memory_budget, fast.spec.memory_bytes)
         if fast.plan.budget_bytes != wanted:
             if self.verbose >= 1:
                 print(f"tfswap: {path} was made for a budget of {fast.plan.budget_bytes} bytes, "

@@ -1,15 +1,18 @@
-"""The settings of :func:`tfswap.optimize`, declared and checked in one place.
+"""The settings of :func:`tfswap.optimize` and :class:`tfswap.keras.SwapCallback`,
+declared and checked in one place: :class:`Options`, validated on construction.
 
 Example::
 
-    options = Options.of("12MiB", generations=5, seed=1)
-    options.memory_budget, options.planner          # ('12MiB', 'tfswap')
+    options = tfswap.Options("12MiB", generations=5, seed=1)
+    fast = tfswap.optimize(cf, options=options)
+    cb = tfswap.keras.SwapCallback(options=options)
+    options.replace(seed=2)                 # another, checked again
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tfswap.core import planners, search
@@ -21,7 +24,10 @@ PARAMETERS = ("auto", "device", "host")   # where variables live between steps
 
 @dataclass(frozen=True)
 class Options:
-    """The validated arguments of :func:`tfswap.optimize`.
+    """Every setting of :func:`tfswap.optimize` (and of the plans
+    :class:`tfswap.keras.SwapCallback` makes), with its unit and default;
+    checked on construction (a ``ValueError`` names the setting and what it
+    takes).  :func:`tfswap.optimize` takes these as keywords too.
 
     ``memory_budget``: bytes (int), a string such as "12GiB", or a fraction
     of the device's memory (float in (0, 1]).  ``device``/``host``: where the
@@ -85,7 +91,7 @@ class Options:
     host: str | None = None
     device_spec: str | DeviceSpec | None = None
     profile: str = "auto"
-    search_time_s: float = 60.0
+    search_time: float = 60.0
     generations: int | None = None
     seed: int = 0
     workers: int | None = None
@@ -99,13 +105,30 @@ class Options:
     parameters: str = "auto"
     recompute: bool = True
 
+    def __post_init__(self):
+        self.check()
+
     @classmethod
     def of(cls, memory_budget, **kwargs) -> "Options":
-        options = cls(memory_budget, **kwargs)
-        options.check()
-        return options
+        """``Options(memory_budget, **kwargs)``, with a ``TypeError`` naming the
+        settings there are where a keyword is not one of them."""
+        unknown = sorted(set(kwargs) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"unknown setting(s) {', '.join(map(repr, unknown))}; the settings "
+                            f"are {', '.join(f.name for f in fields(cls))} (tfswap.Options)")
+        return cls(memory_budget, **kwargs)
+
+    def replace(self, **changes) -> "Options":
+        """These options with ``changes`` (checked again)."""
+        if "memory_budget" in changes and changes["memory_budget"] is None:
+            del changes["memory_budget"]
+        return Options.of(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
 
     def check(self) -> None:
+        budget = self.memory_budget
+        if budget is None or isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
+            raise ValueError(f"memory_budget must be bytes (int), a size string such as "
+                             f"'12GiB' or a fraction of the device's memory, got {budget!r}")
         if self.profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
         if self.parameters not in PARAMETERS:
@@ -118,8 +141,9 @@ class Options:
         if not 0.0 <= self.safety_margin < 1.0:
             raise ValueError(f"safety_margin must be a fraction in [0, 1), got "
                              f"{self.safety_margin!r}")
-        if not (isinstance(self.search_time_s, (int, float)) and self.search_time_s > 0):
-            raise ValueError(f"search_time must be > 0 seconds, got {self.search_time_s!r}")
+        if isinstance(self.search_time, bool) or not (
+                isinstance(self.search_time, (int, float)) and self.search_time > 0):
+            raise ValueError(f"search_time must be > 0 seconds, got {self.search_time!r}")
         small = self.small_tensor_bytes
         if small is not None and (isinstance(small, bool) or not isinstance(small, int)
                                   or small < 0):

@@ -185,7 +185,7 @@ class Verified:
 def prepare(concrete_fn, options: Options) -> Prepared:
     """Capture ``concrete_fn``, profile it and lower it to a :class:`Problem`."""
     started = time.monotonic()
-    deadline = None if options.generations is not None else started + options.search_time_s
+    deadline = None if options.generations is not None else started + options.search_time
     device, host = placement(options.device, options.host)
     # A multi-worker step runs only where every worker runs it: plannable from
     # its shapes, never run here first (capture refuses it otherwise).

@@ -325,11 +325,21 @@ def test_new_shapes_original_runs_keras_step_with_one_warning():
     (dict(new_shapes="skip"), "new_shapes"),
     (dict(verbose=-1), "verbose"),
     (dict(search_time=0), "search_time"),
-    (dict(generations=0), "generations"),
+    # Checked by tfswap.Options, as for optimize (0: each search's first generation).
+    (dict(generations=-1), "generations"),
 ])
 def test_bad_arguments_say_what_is_expected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         tfswap.keras.SwapCallback("1MiB", **kwargs)
+
+
+def test_the_callback_and_optimize_take_the_same_options_object():
+    options = tfswap.Options("1MiB", generations=3, seed=2, parameters="device")
+    callback = tfswap.keras.SwapCallback(options=options, seed=5, verbose=0)
+    assert callback.options == options.replace(seed=5)
+    assert callback.memory_budget == "1MiB"
+    with pytest.raises(TypeError, match="unknown setting.*'generation'"):
+        tfswap.keras.SwapCallback("1MiB", generation=3)
 
 
 def test_plan_path_must_be_a_directory(tmp_path):

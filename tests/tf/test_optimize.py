@@ -75,3 +75,31 @@ def test_a_budget_below_the_working_set_names_the_smallest_feasible_one():
     step = MODELS["cnn"]()
     with pytest.raises(BudgetError, match="smallest budget that can work is about"):
         tfswap.optimize(step.concrete_fn, 1 << 20, generations=2, workers=1, inputs=step.batch)
+
+
+def test_one_options_object_is_what_the_same_keywords_make(monkeypatch):
+    # Each setting is declared once (tfswap.Options); optimize takes it as an
+    # object or as keywords, and the keywords override the object.
+    from tfswap import pipeline
+
+    seen = []
+
+    class Seen(Exception):
+        pass
+
+    def prepare(concrete_fn, options):
+        seen.append(options)
+        raise Seen
+
+    monkeypatch.setattr(pipeline, "prepare", prepare)
+    step = MODELS["cnn"]()
+    with pytest.raises(Seen):
+        tfswap.optimize(step.concrete_fn, "3MiB", generations=30, seed=0, workers=1)
+    options = tfswap.Options("3MiB", generations=30, seed=1, workers=1)
+    with pytest.raises(Seen):
+        tfswap.optimize(step.concrete_fn, options=options, seed=0)
+    assert seen[0] == seen[1] and seen[1].seed == 0
+    with pytest.raises(TypeError, match="unknown setting.*'generation'"):
+        tfswap.optimize(step.concrete_fn, "3MiB", generation=3)
+    with pytest.raises(TypeError, match="tfswap.Options"):
+        tfswap.optimize(step.concrete_fn, options={"memory_budget": "3MiB"})
