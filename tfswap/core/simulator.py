@@ -811,11 +811,23 @@ def _whole_buffers(cg, swaps, copy_bytes, copy_parts):
         return swaps, copy_bytes, copy_parts
     copy_bytes, copy_parts = dict(copy_bytes or {}), dict(copy_parts or {})
     whole_of, merged = {}, {}
+    # A part's readers that a later trip of the buffer brings it back for
+    # (tensor_swaps sends them the part's copy, which that trip leaves from)
+    # are that trip's.
+    read_in = {}
+    for sw in swaps:
+        if sw.kind == "round_trip" and tbuf.get(sw.tensor, -1) >= 0:
+            for c in sw.consumers:
+                read_in.setdefault((tbuf[sw.tensor], c), set()).add(
+                    (sw.out_after, sw.in_after))
     for group in parts:
         first = group[0]
         whole_of.update({sw.id: first.id for sw in group})
+        key = (first.out_after, first.in_after)
+        own = [c for sw in group for c in sw.consumers
+               if read_in.get((tbuf[first.tensor], c), {key}) == {key}]
         merged[first.id] = replace(first, consumers=tuple(dict.fromkeys(
-            c for sw in group for c in sw.consumers)), in_wait_for=tuple(dict.fromkeys(
+            own or [c for sw in group for c in sw.consumers])), in_wait_for=tuple(dict.fromkeys(
                 w for sw in group for w in sw.in_wait_for)))
         if any(sw.id in copy_bytes for sw in group):
             copy_bytes[first.id] = sum(copy_bytes.get(sw.id, sw.bytes) for sw in group)
