@@ -14,6 +14,7 @@ failures with the seed to reproduce (``--graphs 1 --seed S``).  Exit status
 
 import argparse
 import collections
+import statistics
 import sys
 import time
 import warnings
@@ -45,12 +46,13 @@ def main() -> int:
     warnings.simplefilter("ignore")
     counts = collections.Counter()
     reasons = collections.Counter()
-    failures = []
+    failures, outcomes = [], []
     started = time.perf_counter()
     for seed in range(args.seed, args.seed + args.graphs):
         outcome = fuzz.check(seed, max_ops=args.max_ops, generations=args.generations,
                              planner=args.planner, verify_rounds=args.verify_rounds)
         counts[outcome.status] += 1
+        outcomes.append(outcome)
         if outcome.status in ("fits", "infeasible"):
             reasons[(outcome.status, outcome.detail.split(" B")[0].rstrip("0123456789 "))] += 1
         if outcome.status == "failed":
@@ -65,6 +67,12 @@ def main() -> int:
         print(f"  {status:15s} {counts[status]}")
     for (status, reason), n in sorted(reasons.items()):
         print(f"    {status}: {n} x {reason}")
+    # The memory model against the measured peak, over the plans that swapped.
+    ratios = sorted(o.predicted_peak_bytes / o.measured_peak_bytes for o in outcomes
+                    if o.swaps and o.predicted_peak_bytes and o.measured_peak_bytes)
+    if ratios:
+        print(f"  predicted / measured peak over {len(ratios)} plans: median "
+              f"{statistics.median(ratios):.3f}, min {ratios[0]:.3f}, max {ratios[-1]:.3f}")
     if failures:
         print("failures (reproduce with --graphs 1 --seed S):")
         for outcome in failures:

@@ -184,6 +184,8 @@ class Outcome:
     detail: str
     budget_bytes: int = 0
     swaps: int = 0
+    predicted_peak_bytes: int | None = None   # the plan's, where one ran
+    measured_peak_bytes: int | None = None    # the rewritten step's, 3 runs
 
 
 def _steps(fn, variables, initial, batch, steps):
@@ -272,10 +274,12 @@ def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2, *,
                                "run in the plan's order; " + detail, budget,
                                len(fast.plan.swaps))
             status = "order-sensitive"
+        peaks = dict(predicted_peak_bytes=fast.plan.prediction.peak_bytes,
+                     measured_peak_bytes=after)
         if after > budget:
             return Outcome(seed, "failed", "measured peak above the budget; " + detail, budget,
-                           len(fast.plan.swaps))
+                           len(fast.plan.swaps), **peaks)
         status = status if fast.plan.swaps else "fits"
-        return Outcome(seed, status, detail, budget, len(fast.plan.swaps))
+        return Outcome(seed, status, detail, budget, len(fast.plan.swaps), **peaks)
     except Exception:  # noqa: BLE001 - every unexpected error is a finding
         return Outcome(seed, "failed", traceback.format_exc())
