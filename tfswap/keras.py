@@ -34,9 +34,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
 import warnings
 from pathlib import Path
 
@@ -48,34 +45,10 @@ from tensorflow.python.util import nest
 import tfswap
 from tfswap import api
 from tfswap.options import Options
-from tfswap.core.budget import parse_budget
+from tfswap.plan_store import USER_CACHE, PlanStore, default_plan_path, plan_directory
 
 KINDS = ("train", "test", "predict")
 NEW_SHAPES = ("plan", "original")
-
-
-class _UserCache:
-    """``plan_path``'s default: the user's cache directory (:func:`default_plan_path`)."""
-
-    def __repr__(self) -> str:
-        return "tfswap.keras.USER_CACHE"
-
-
-USER_CACHE = _UserCache()
-
-
-def default_plan_path() -> Path:
-    """Where :class:`SwapCallback` keeps plans by default: ``tfswap`` under
-    ``$XDG_CACHE_HOME`` (the XDG base directory rule), else ``~/.cache/tfswap``.
-
-    Example::
-
-        tfswap.keras.default_plan_path()     # PosixPath('/home/me/.cache/tfswap')
-    """
-    root = os.environ.get("XDG_CACHE_HOME") or ""
-    # The XDG rule: a relative path there is to be ignored.
-    base = Path(root) if os.path.isabs(root) else Path.home() / ".cache"
-    return base / "tfswap"
 
 
 def _require_tensorflow_backend() -> None:
@@ -276,25 +249,26 @@ class SwapCallback(keras.callbacks.Callback):
             raise ValueError(f"verbose must be an int >= 0, got {verbose!r}")
         if not isinstance(background, bool):
             raise ValueError(f"background must be True or False, got {background!r}")
-        if plan_path is USER_CACHE:
-            plan_path = default_plan_path()
-        if plan_path is not None:
-            plan_path = Path(plan_path)
-            if plan_path.exists() and not plan_path.is_dir():
-                raise ValueError(f"plan_path must be a directory (plans are saved per step and "
-                                 f"batch shape), but {plan_path} is a file")
-        self.plan_path = plan_path
+        # The plans, per step kind and batch signature, and their files.
+        self.store = PlanStore(plan_directory(plan_path), self.options, verbose=verbose)
         self.verbose = verbose
         self.new_shapes = new_shapes
         self.inference = inference
         self.background = background
-        self.functions: dict = {}
         self._saved: dict = {}
         self._warned: set = set()
 
     @property
     def memory_budget(self):
         return self.options.memory_budget
+
+    @property
+    def plan_path(self) -> Path | None:
+        return self.store.directory
+
+    @property
+    def functions(self) -> dict:
+        return self.store.functions
 
     # -- Keras hooks: put our function in at begin, Keras's back at end.
 
@@ -364,12 +338,9 @@ class SwapCallback(keras.callbacks.Callback):
         if stale and self.verbose >= 1:
             print(f"tfswap: {len(stale)} planned step(s) captured variables this model no "
                   "longer uses (compiled again, or another model); planning them again")
-        for key in stale:
-            if isinstance(self.functions[key], tfswap.AnytimeFunction):
-                self.functions[key].stop()
         if stale:  # which signatures Keras's step ran was decided for the old model too
-            self.functions = {key: fast for key, fast in self.functions.items()
-                              if fast is not None and key not in stale}
+            self.store.forget(stale + [key for key, fast in self.functions.items()
+                                       if fast is None])
 
     # -- What fit / evaluate / predict call instead of Keras's functions.
 
@@ -458,22 +429,14 @@ class SwapCallback(keras.callbacks.Callback):
     def _prepare(self, kind: str, data, key, spec=None, replicated: bool = False):
         cf = step_function(self.model, data, kind, spec, replicated)
         inputs = [np.asarray(leaf) for leaf in tf.nest.flatten(data)]
+        self.store.name = self.model.name
         # A replicated step's plans (one per replica) are not saved to files yet.
-        path = None if replicated else self._file(kind, key)
-        fast = self._load(path, cf) if path is not None and path.exists() else None
-        planned = fast is None
-        if planned:
-            fast = tfswap.optimize(cf, options=self.options, inputs=inputs,
-                                   background=self.background)
-        if fast.relocation is not None:
+        fast, path, _ = self.store.plan(kind, key, cf, inputs, self.background,
+                                        saved=not replicated)
+        if fast.relocation is not None:   # the plans made before the move no longer hold
+            del self.functions[key]
             self._after_move()
-        self.functions[key] = fast
-        if planned and path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if self.background:   # the search's best plan, once it has ended
-                fast.add_done_callback(functools.partial(self._save_if_current, key, fast, path))
-            else:
-                fast.plan.save(path)
+            self.functions[key] = fast
         what = f"{kind} step for batches shaped {_shapes(key[1])}"
         if self.verbose >= 1:
             print(f"tfswap: {what}" + (f" (plan file {path})" if path is not None else ""))
@@ -511,44 +474,8 @@ class SwapCallback(keras.callbacks.Callback):
                     getattr(model, f"make_{kind}_function")(force=True)
                     self._saved[kind] = getattr(model, f"{kind}_function")
                     setattr(model, f"{kind}_function", ours)
-        for fast in self.functions.values():
-            if isinstance(fast, tfswap.AnytimeFunction):
-                fast.stop()   # its plans were for the variables on the device
-        self.functions = {key: fast for key, fast in self.functions.items() if fast is None}
-
-    def _save_if_current(self, key, fast, path: Path, final) -> None:
-        """Save ``final``, the plan ``fast``'s background search ended on, unless
-        ``fast`` was dropped meanwhile (its variables moved: the plan assumes
-        homes they no longer have, and loading it would move them back and forth)."""
-        if self.functions.get(key) is fast:
-            final.plan.save(path)
-
-    def _load(self, path: Path, cf):
-        # The variables the steps planned so far run with on the device: a plan
-        # file that would move one is not loaded (its step is planned again where
-        # the variables are), so the plans in use agree on where each lives.
-        on_device = [c.variable for fast in self.functions.values() if fast is not None
-                     for c in fast.captured.captures
-                     if c.variable is not None and not c.host_homed]
-        try:
-            fast = tfswap.load_plan(path, cf, unmovable=on_device, options=self.options)
-        except tfswap.PlanMismatchError as err:
-            if self.verbose >= 1:
-                print(f"tfswap: {err}; planning again")
-            return None
-        wanted = parse_budget(self.options.memory_budget, fast.spec.memory_bytes)
-        if fast.plan.budget_bytes != wanted:
-            if self.verbose >= 1:
-                print(f"tfswap: {path} was made for a budget of {fast.plan.budget_bytes} bytes, "
-                      f"not {wanted}; planning again")
-            return None
-        return fast
-
-    def _file(self, kind: str, key) -> Path | None:
-        if self.plan_path is None:
-            return None
-        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
-        return self.plan_path / f"{self.model.name}-{kind}-{digest}.plan.json"
+        # Their plans were for the variables on the device.
+        self.store.forget([key for key, fast in self.functions.items() if fast is not None])
 
 
 def _shapes(signature) -> str:

@@ -1,0 +1,144 @@
+"""Plans kept per step signature, in memory and in a directory: what
+:class:`tfswap.keras.SwapCallback` plans with, usable without Keras.
+
+A :class:`PlanStore` holds one planned function per key (a step kind and a
+batch signature): loaded from its plan file where the file was made for the
+same graph, budget and variable homes, else planned with
+:func:`tfswap.optimize` and saved (a background search's plan once the search
+has ended, and only while that function is still the store's).  Plans that
+would move a variable another planned step runs with on the device are not
+loaded, so the plans in use agree on where each variable lives.
+
+Example::
+
+    store = PlanStore("plans/", tfswap.Options("6GiB", generations=20), name="mlp")
+    fast, path, planned = store.plan("train", key, concrete_fn, inputs)
+    store.functions[key] is fast       # True
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+from tfswap import anytime, api
+from tfswap.core.budget import parse_budget
+from tfswap.options import Options
+
+
+class _UserCache:
+    """``plan_path``'s default: the user's cache directory (:func:`default_plan_path`)."""
+
+    def __repr__(self) -> str:
+        return "tfswap.keras.USER_CACHE"
+
+
+USER_CACHE = _UserCache()
+
+
+def default_plan_path() -> Path:
+    """Where plans are kept by default: ``tfswap`` under ``$XDG_CACHE_HOME`` (the
+    XDG base directory rule), else ``~/.cache/tfswap``.
+
+    Example::
+
+        tfswap.keras.default_plan_path()     # PosixPath('/home/me/.cache/tfswap')
+    """
+    root = os.environ.get("XDG_CACHE_HOME") or ""
+    # The XDG rule: a relative path there is to be ignored.
+    base = Path(root) if os.path.isabs(root) else Path.home() / ".cache"
+    return base / "tfswap"
+
+
+def plan_directory(plan_path) -> Path | None:
+    """``plan_path`` checked: :data:`USER_CACHE` (:func:`default_plan_path`), a
+    directory (made when the first plan is saved), or None (no files)."""
+    if plan_path is USER_CACHE:
+        plan_path = default_plan_path()
+    if plan_path is None:
+        return None
+    plan_path = Path(plan_path)
+    if plan_path.exists() and not plan_path.is_dir():
+        raise ValueError(f"plan_path must be a directory (plans are saved per step and "
+                         f"batch shape), but {plan_path} is a file")
+    return plan_path
+
+
+class PlanStore:
+    """One planned function per key, loaded from or saved to ``directory`` (None:
+    no files) under a name made of ``name``, the kind and the key; planned with
+    ``options`` (:class:`tfswap.Options`).  ``verbose`` >= 1 says why a file is
+    not used.  ``functions``: key -> the planned function (None where the
+    caller runs the unmodified step for that key)."""
+
+    def __init__(self, directory: Path | None, options: Options, name: str = "step",
+                 verbose: int = 1):
+        self.directory, self.options, self.name, self.verbose = directory, options, name, verbose
+        self.functions: dict = {}
+
+    def path(self, kind: str, key) -> Path | None:
+        """The plan file of ``key`` (None without a directory)."""
+        if self.directory is None:
+            return None
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+        return self.directory / f"{self.name}-{kind}-{digest}.plan.json"
+
+    def plan(self, kind: str, key, concrete_fn, inputs, background: bool = True,
+             saved: bool = True):
+        """(the function for ``key``: loaded from its file or planned, its file or
+        None, whether it was planned here).  ``saved`` False: no file (a
+        replicated step's plans, one per replica, are not saved yet)."""
+        path = self.path(kind, key) if saved else None
+        fast = self._load(path, concrete_fn) if path is not None and path.exists() else None
+        planned = fast is None
+        if planned:
+            fast = api.optimize(concrete_fn, options=self.options, inputs=inputs,
+                                background=background)
+        self.functions[key] = fast
+        if planned and path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(fast, anytime.AnytimeFunction):   # its search's best, once ended
+                fast.add_done_callback(functools.partial(self._save_if_current, key, fast, path))
+            else:
+                fast.plan.save(path)
+        return fast, path, planned
+
+    def forget(self, keys) -> None:
+        """Drop the functions of ``keys``, ending their background searches."""
+        for key in keys:
+            fast = self.functions.pop(key, None)
+            if isinstance(fast, anytime.AnytimeFunction):
+                fast.stop()
+
+    def _save_if_current(self, key, fast, path: Path, final) -> None:
+        """Save ``final``, the plan ``fast``'s background search ended on, unless
+        ``fast`` was dropped meanwhile (its variables moved: the plan assumes
+        homes they no longer have, and loading it would move them back and forth)."""
+        if self.functions.get(key) is fast:
+            final.plan.save(path)
+
+    def _load(self, path: Path, concrete_fn):
+        # The variables the steps planned so far run with on the device: a plan
+        # file that would move one is not loaded (its step is planned again where
+        # the variables are), so the plans in use agree on where each lives.
+        on_device = [c.variable for fast in self.functions.values() if fast is not None
+                     for c in fast.captured.captures
+                     if c.variable is not None and not c.host_homed]
+        try:
+            fast = api.load_plan(path, concrete_fn, unmovable=on_device, options=self.options)
+        except api.PlanMismatchError as err:
+            if self.verbose >= 1:
+                print(f"tfswap: {err}; planning again")
+            return None
+        wanted = parse_budget(self.options.memory_budget, fast.spec.memory_bytes)
+        if fast.plan.budget_bytes != wanted:
+            if self.verbose >= 1:
+                print(f"tfswap: {path} was made for a budget of {fast.plan.budget_bytes} bytes, "
+                      f"not {wanted}; planning again")
+            return None
+        return fast
+
+
+__all__ = ["PlanStore", "USER_CACHE", "default_plan_path", "plan_directory"]
