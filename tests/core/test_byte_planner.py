@@ -131,12 +131,12 @@ def test_what_is_cheaper_to_make_again_is_dropped_and_made_again(memory):
     prog = from_plan(cg, hybrid.schedule, hybrid.swaps, hybrid.resident_parameters)
     loaded = Plan.from_json(hybrid.to_json())
     assert from_plan(cg, loaded.schedule, loaded.swaps, loaded.resident_parameters) == prog
-    # No chain of remakes: what a remade buffer's ops read is not itself remade there.
-    for rec in prog.recomputes:
+    # A remake that reads a buffer remade at the same position comes after it.
+    for i, rec in enumerate(prog.recomputes):
         reads = {int(x) for op in rec.ops
                  for x in cg.op_in[cg.op_in_ptr[op]:cg.op_in_ptr[op + 1]]}
-        assert not any(r.buf in reads and r.need == rec.need
-                       for r in prog.recomputes if r is not rec)
+        assert all(j < i for j, r in enumerate(prog.recomputes)
+                   if r.buf in reads and r.need == rec.need)
 
 
 def test_only_the_ops_named_may_run_again():
@@ -310,7 +310,17 @@ def _scan_cases():
               ("layered-skip", layered_training_step(200, seed=9, skip_every=2))]
     graphs += [(f"random{s}", random_dag(np.random.default_rng(s), n_ops=60, n_params=6))
                for s in range(6)]
+    # Random training steps (a forward pass its backward pass reads in reverse):
+    # with every op allowed to run again, some caps make the scans remake segments.
+    graphs += [(f"layered-random{s}", layered_training_step(120, seed=s, skip_every=s % 3 + 1))
+               for s in (11, 12, 13)]
     return graphs
+
+
+# The cases test_the_compiled_scan_makes_the_reference_scans_programs must see a
+# segment in (a remake whose ops read a buffer another remake makes first).
+SEGMENTED_CASES = ("layered", "layered-skip", "layered-random11", "layered-random12",
+                   "layered-random13")
 
 
 @pytest.mark.parametrize("name, graph", _scan_cases(), ids=lambda x: x if isinstance(x, str)
@@ -325,7 +335,7 @@ def test_the_compiled_scan_makes_the_reference_scans_programs(name, graph):
     peak = byte_planner.plan(graph, 1 << 62, spec, compiled=cg).prediction.peak_bytes
     everything = frozenset(range(cg.n_ops))
     some = frozenset(range(0, cg.n_ops, 2))
-    compared = remade = refused = 0
+    compared = remade = refused = segmented = 0
     for fraction in (0.15, 0.3, 0.45, 0.6, 0.8, 1.0):
         cap = max(1, int(fraction * peak))
         for lookahead in (None, 2.0):
@@ -351,6 +361,139 @@ def test_the_compiled_scan_makes_the_reference_scans_programs(name, graph):
                         compared += 1
                         refused += isinstance(want, str)
                         remade += not isinstance(want, str) and bool(want.recomputes)
+                        segmented += not isinstance(want, str) and bool(_segments(cg, want))
     assert compared > refused
     if name.startswith("layered"):
         assert remade
+    if name in SEGMENTED_CASES:
+        assert segmented, "a segment should be made again at some cap"
+
+
+def _forward_backward(n: int = 12):
+    """A forward chain of ``n`` cheap 8 MB ops, a loss and a backward pass that reads
+    them in reverse (``g{i}`` reads ``f{i}`` and ``g{i+1}``): gradient checkpointing's
+    textbook case."""
+    from tfswap.core.graph import DataflowGraph, Op, Tensor
+
+    mb = 1 << 20
+    ops = [Op("x", "Placeholder", time_s=1e-5)]
+    prev = "x:0"
+    for i in range(n):
+        ops.append(Op(f"f{i}", "Tanh", (prev,), time_s=1e-5))
+        prev = f"f{i}:0"
+    ops.append(Op("loss", "Sum", (prev,), time_s=1e-5))
+    grad = "loss:0"
+    for i in reversed(range(n)):
+        ops.append(Op(f"g{i}", "TanhGrad", (f"f{i}:0", grad), time_s=1e-4))
+        grad = f"g{i}:0"
+    sizes = {op.name: 8 * mb for op in ops}
+    sizes["loss"] = mb
+    graph = DataflowGraph.build(ops, [Tensor(f"{k}:0", nbytes=v) for k, v in sizes.items()])
+    return graph, [op.name for op in ops if op.type == "Tanh"]
+
+
+def _segments(cg, prog):
+    """(reader, read) pairs of recomputations at one position where the reader's
+    ops read the other's buffer."""
+    found = []
+    for rec in prog.recomputes:
+        reads = {int(x) for op in rec.ops
+                 for x in cg.op_in[cg.op_in_ptr[op]:cg.op_in_ptr[op + 1]]}
+        found += [(rec, r) for r in prog.recomputes
+                  if r is not rec and r.need == rec.need and r.buf in reads]
+    return found
+
+
+@pytest.mark.parametrize("drop_order", byte_planner.DROP_ORDERS)
+@pytest.mark.parametrize("share", byte_planner.RECOMPUTE_SHARES)
+def test_a_segment_is_dropped_and_made_again_forward_within_the_cap(drop_order, share):
+    """With a slow link, the forward activations are dropped, including ones that
+    another dropped one's ops read: a remake that finds its input dropped makes it
+    again first, at its own position, with the chain for that position, and the
+    input then stays for its own reader (gradient checkpointing).  The simulator
+    runs the program within the cap, each remake runs the chain worked out for
+    the position it runs at, the one read comes first, and the plan reads back to
+    the same program."""
+    import dataclasses
+
+    from tfswap.core.program import from_plan, to_plan_swaps
+    from tfswap.core.simulator import run_program
+    from tfswap.core.planner import default_allocation
+
+    spec = dataclasses.replace(SPEC, h2d_bytes_per_s=1e8, d2h_bytes_per_s=1e8,
+                               duplex_bytes_per_s=1.5e8)
+    graph, remakeable = _forward_backward()
+    cg = CompiledGraph.build(graph, small_threshold_bytes=0)
+    order = cg.order_of(None)
+    allowed = {i for i, op in enumerate(graph.ops) if op.name in remakeable}
+    cap = 72 << 20   # 9 of the 14 8 MB activations and gradients the step holds at its peak
+    prog = byte_planner.build_program(cg, order, spec, cap, recompute=allowed,
+                                      recompute_share=share, drop_order=drop_order)
+    segments = _segments(cg, prog)
+    assert segments, "the cap should make the planner remake a segment"
+    for i, rec in enumerate(prog.recomputes):
+        chain = byte_planner._chains(cg, list(map(int, order)), frozenset(allowed))
+        assert rec.ops == chain.at(rec.buf, rec.need)[0]
+    for reader, read in segments:
+        assert prog.recomputes.index(read) < prog.recomputes.index(reader)
+    result = run_program(cg, prog, default_allocation(cg, order, 1 << 62), spec)
+    assert result.peak_bytes <= cap
+    swaps, resident = to_plan_swaps(cg, prog)
+    names = [graph.ops[int(o)].name for o in order]
+    assert from_plan(cg, names, swaps, resident) == prog
+
+
+def test_checkpointing_beats_dropping_every_other_activation():
+    """The planner's plan of the same step remakes segments, fits the budget as
+    simulated, and is faster than copying alone."""
+    import dataclasses
+
+    from tfswap.core.program import from_plan
+
+    spec = dataclasses.replace(SPEC, h2d_bytes_per_s=1e8, d2h_bytes_per_s=1e8,
+                               duplex_bytes_per_s=1.5e8)
+    graph, remakeable = _forward_backward()
+    budget = 72 << 20
+    cg = CompiledGraph.build(graph, small_threshold_bytes=0)
+    copies = byte_planner.plan(graph, budget, spec, compiled=cg, small_threshold_bytes=0)
+    hybrid = byte_planner.plan(graph, budget, spec, compiled=cg, small_threshold_bytes=0,
+                               recomputable=remakeable)
+    prog = from_plan(cg, hybrid.schedule, hybrid.swaps, hybrid.resident_parameters)
+    assert _segments(cg, prog)
+    again = simulate(graph, hybrid, spec, compiled=cg)
+    assert again.peak_bytes <= budget
+    assert again.step_time_s == pytest.approx(hybrid.prediction.step_time_s)
+    assert hybrid.prediction.step_time_s < 0.5 * copies.prediction.step_time_s
+
+
+def test_the_compiled_scan_remakes_the_reference_scans_segments():
+    """The checkpointing step of the tests above, at caps from where nothing fits
+    to where nothing need be dropped, each share, drop order and prefetch rule:
+    the native scan (segments included: its chains for a segment's positions
+    come from Python as it meets them) makes the reference's programs."""
+    import dataclasses
+
+    spec = dataclasses.replace(SPEC, h2d_bytes_per_s=1e8, d2h_bytes_per_s=1e8,
+                               duplex_bytes_per_s=1.5e8)
+    graph, remakeable = _forward_backward()
+    cg = CompiledGraph.build(graph, small_threshold_bytes=0)
+    order = cg.order_of(None)
+    allowed = frozenset(i for i, op in enumerate(graph.ops) if op.name in remakeable)
+    compared = segmented = 0
+    for cap in range(40 << 20, 130 << 20, 4 << 20):
+        for share in byte_planner.RECOMPUTE_SHARES:
+            for drop in byte_planner.DROP_ORDERS:
+                for lookahead in (None, 2.0):
+                    args = dict(lookahead=lookahead, recompute=allowed,
+                                recompute_share=share, drop_order=drop)
+                    got = []
+                    for reference in (True, False):
+                        try:
+                            got.append(byte_planner.build_program(
+                                cg, order, spec, cap, reference=reference, **args))
+                        except InfeasibleAllocation as err:
+                            got.append(str(err))
+                    assert got[1] == got[0], (cap, share, drop, lookahead)
+                    compared += 1
+                    segmented += not isinstance(got[0], str) and bool(_segments(cg, got[0]))
+    assert segmented > 10 and compared > segmented

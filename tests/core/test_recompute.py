@@ -235,10 +235,13 @@ def test_trial_programs_built_in_place_equal_the_canonical_ones(swapped):
 
 
 def _inputs_back_reference(cg, prog):
-    """program.inputs_back as first written (every swap-in scanned per input)."""
-    from tfswap.core.program import InRec, Program
+    """program.inputs_back as first written (every swap-in scanned per input), after
+    a segment's recomputations are moved to where the ones that read them run."""
+    from tfswap.core.program import InRec, Program, remade_for_remakes
     if not prog.recomputes:
         return prog
+    prog = Program(prog.order, prog.resident, prog.outs, prog.ins, prog.op_waits,
+                   remade_for_remakes(cg, prog))
     ins = list(prog.ins)
     for rec in prog.recomputes:
         inputs = {int(x) for p in recompute_ops(cg, rec)

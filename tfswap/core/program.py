@@ -93,7 +93,9 @@ class Program:
     outs: tuple[OutRec, ...]
     ins: tuple[InRec, ...]
     op_waits: tuple[tuple[int, int], ...]  # (position, out index): op waits for the out
-    recomputes: tuple[RecomputeRec, ...] = ()  # sorted by (need, buffer)
+    # Sorted by (need, the position of the last op run again, buffer): at one
+    # position a remake that reads another's buffer comes after it.
+    recomputes: tuple[RecomputeRec, ...] = ()
 
 
 def canonical(order, resident, outs, ins, op_waits, recomputes=()) -> Program:
@@ -106,12 +108,95 @@ def canonical(order, resident, outs, ins, op_waits, recomputes=()) -> Program:
                new_of[r.own_out] if r.own_out >= 0 else -1, r.need) for r in ins),
         key=lambda r: (r.need, r.buf)))
     waits = tuple(sorted((k, new_of[j]) for k, j in op_waits))
-    recs = tuple(sorted((RecomputeRec(r.buf, new_of[r.drop], r.need, tuple(r.ops))
-                         for r in recomputes),
-                        key=lambda r: (r.need, r.buf)))
     order = tuple(order.tolist()) if isinstance(order, np.ndarray) else tuple(map(int, order))
+    recs = _recompute_order(order, (RecomputeRec(r.buf, new_of[r.drop], r.need, tuple(r.ops))
+                                    for r in recomputes))
     return Program(order, tuple(sorted(resident)), outs_sorted,
                    ins_sorted, waits, recs)
+
+
+def _recompute_order(order, recs, ops_of=lambda r: r.ops) -> tuple[RecomputeRec, ...]:
+    """``recs`` in stream order: by position, then by the position of the last op each
+    runs again (``ops_of``), then by buffer.  A remake's ops read another remake's
+    buffer only where that one's ops make it before theirs, so at one position the
+    one read comes first (a segment made again forward)."""
+    recs = list(recs)
+    if not recs:
+        return ()
+    needs = [r.need for r in recs]
+    if len(set(needs)) == len(needs):   # one per position: nothing else to order by
+        return tuple(sorted(recs, key=lambda r: (r.need, r.buf)))
+    pos, lasts = _positions(order)
+
+    def last(r) -> int:
+        if not r.ops:   # the producer alone (ops_of says which)
+            return max((pos.get(o, -1) for o in ops_of(r)), default=-1)
+        got = lasts.get(r.ops)
+        if got is None:
+            got = lasts[r.ops] = max((pos.get(o, -1) for o in r.ops), default=-1)
+        return got
+
+    return tuple(sorted(recs, key=lambda r: (r.need, last(r), r.buf)))
+
+
+# id(order) -> (order, op -> position, ops -> their last position): the last few.
+_POSITIONS: dict[int, tuple] = {}
+
+
+def _positions(order) -> tuple[dict, dict]:
+    """Each op's position in ``order``, and a cache of the last position of a
+    recomputation's ops (kept for the last few orders, by identity: the
+    recomputation pass orders the records of many trials of one order)."""
+    got = _POSITIONS.get(id(order))
+    if got is not None and got[0] is order:
+        return got[1], got[2]
+    pos = {op: k for k, op in enumerate(order)}
+    if len(_POSITIONS) >= 8:
+        _POSITIONS.pop(next(iter(_POSITIONS)))
+    _POSITIONS[id(order)] = (order, pos, {})
+    return pos, _POSITIONS[id(order)][2]
+
+
+def remade_for_remakes(cg: CompiledGraph, prog: Program) -> tuple[RecomputeRec, ...]:
+    """``prog``'s recomputations, each one whose buffer an earlier one's ops read
+    (dropped before that one runs) made at that one's position instead, and so on
+    through what it reads: a segment, made again forward from what is on the
+    device, the buffers then held for their own readers.  A Plan does not store
+    this (a recomputation's consumers are its buffer's readers): :func:`from_plan`
+    derives it again through :func:`inputs_back`, and so does the TF rewrite."""
+    recs = list(prog.recomputes)
+    if len(recs) < 2:
+        return tuple(recs)
+    by_buf: dict[int, list[int]] = {}
+    for i, r in enumerate(recs):
+        by_buf.setdefault(r.buf, []).append(i)
+    cache = cg.__dict__.get("_remake_reads")
+    if cache is None:
+        cache = {}
+        object.__setattr__(cg, "_remake_reads", cache)
+    todo = list(range(len(recs)))
+    moved = False
+    while todo:
+        ry = recs[todo.pop()]
+        key = (ry.buf, ry.ops)
+        reads = cache.get(key)
+        if reads is None:   # what its ops read but do not make, ascending
+            ops = recompute_ops(cg, ry)
+            made = {int(x) for p in ops
+                    for x in cg.op_out[cg.op_out_ptr[p]:cg.op_out_ptr[p + 1]]}
+            reads = cache[key] = sorted({int(x) for p in ops
+                                         for x in cg.op_in[cg.op_in_ptr[p]:cg.op_in_ptr[p + 1]]}
+                                        - made)
+        for x in reads:
+            for i in by_buf.get(x, ()):
+                r = recs[i]
+                if r.need > ry.need and prog.outs[r.drop].out_after < ry.need:
+                    recs[i] = RecomputeRec(r.buf, r.drop, ry.need, r.ops)
+                    todo.append(i)
+                    moved = True
+    if not moved:   # a program's records are in stream order already (canonical)
+        return prog.recomputes
+    return _recompute_order(prog.order, recs, lambda r: recompute_ops(cg, r))
 
 
 def inputs_back(cg: CompiledGraph, prog: Program, only=None) -> Program:
@@ -131,6 +216,11 @@ def inputs_back(cg: CompiledGraph, prog: Program, only=None) -> Program:
     """
     if not prog.recomputes:
         return prog
+    remade = remade_for_remakes(cg, prog)
+    if only is not None and {(r.buf, r.need) for r in remade} != \
+            {(r.buf, r.need) for r in prog.recomputes}:
+        only = None   # a segment moved a recomputation ``prog`` had: all of them again
+    prog = Program(prog.order, prog.resident, prog.outs, prog.ins, prog.op_waits, remade)
     recomputes = prog.recomputes if only is None else only
     ins = list(prog.ins)
     # The swap-ins of each buffer some recomputation reads, by index (an input

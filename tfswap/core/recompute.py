@@ -41,7 +41,8 @@ from tfswap.core import layout
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.plan import Plan, Prediction
 from tfswap.core.problem import Problem
-from tfswap.core.program import (OutRec, Program, RecomputeRec, buffer_classes, canonical,
+from tfswap.core.program import (OutRec, Program, RecomputeRec, _recompute_order,
+                                 buffer_classes, canonical,
                                  from_plan, inputs_back, to_plan_swaps)
 from tfswap.core.simulator import run_program, try_program, try_program_rows
 
@@ -251,10 +252,9 @@ def _recomputed(cg, prog, chosen: dict, in_order: bool = False):
             o = outs[j]
             outs[j] = OutRec(o.buf, o.out_after, False)
         ins = tuple(r for i, r in enumerate(prog.ins) if i not in chosen)
-        by_stream = lambda r: (r.need, r.buf)  # noqa: E731
         return inputs_back(cg, Program(prog.order, prog.resident, tuple(outs), ins,
-                                       prog.op_waits, tuple(sorted(recs, key=by_stream))),
-                           only=sorted(added, key=by_stream))
+                                       prog.op_waits, _recompute_order(prog.order, recs)),
+                           only=_recompute_order(prog.order, added))
     outs = [OutRec(o.buf, o.out_after, False) if j in dropped else o
             for j, o in enumerate(prog.outs)]
     ins = [r for i, r in enumerate(prog.ins) if i not in chosen]
@@ -279,6 +279,11 @@ def _greedy(cg, prog, allocation, spec, order, base, in_order=False):
     chosen, best = {}, base
     for _, i, ops in order:
         trial = _recomputed(cg, prog, {**chosen, i: ops}, in_order)
+        if {(r.buf, r.need) for r in trial.recomputes} - {(r.buf, r.need) for r in prog.recomputes} \
+                - {(prog.ins[j].buf, prog.ins[j].need) for j in (*chosen, i)}:
+            # Its ops read a buffer a recomputation makes only later: inputs_back
+            # would make that one here instead (a segment), with ops for its own reader.
+            continue
         result = try_program(cg, trial, allocation, spec)
         if result is None:   # an input away at that point, or no free object then
             continue

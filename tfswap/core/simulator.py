@@ -31,7 +31,8 @@ A recomputation (``Program.recomputes``, Capuchin's alternative to a swap)
 runs the buffer's producer again on the compute stream right before the op
 that needs it: that op starts the producer's time later, and the buffer
 takes its object when the recomputation starts.  The producer's inputs must
-be on the device then, or be made by an earlier op of the same chain: such a
+be on the device then (an earlier recomputation before the same op may have made
+it: ``Program.recomputes`` runs in its order), or be made by an earlier op of the same chain: such a
 buffer (a chain through another buffer, e.g. attention scores made again to
 make their softmax again) takes an object when the chain starts and gives it
 back when the op the chain runs before ends.

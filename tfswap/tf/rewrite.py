@@ -369,11 +369,36 @@ def _check_host_reads(graph_def, nodes: dict, host_values, device: str) -> None:
             "(plan with tfswap.optimize, or add a prefetch swap for it)")
 
 
+def _remake_positions(plan, nodes: dict, position: dict) -> dict[str, int]:
+    """The position each recomputation runs before (swap id -> position): its first
+    consumer, or that of an earlier recomputation whose ops read its tensor, dropped
+    before it (a segment made again forward; :func:`tfswap.core.program.inputs_back`
+    derives the same for the simulator)."""
+    recs = [s for s in plan.swaps if s.kind == "recompute" and s.consumers
+            and all(c in position for c in s.consumers)]
+    need = {s.id: min(position[c] for c in s.consumers) for s in recs}
+    todo = list(recs)
+    while todo:
+        y = todo.pop()
+        ops = y.ops or (split_tensor_name(y.tensor)[0],)
+        inputs = [ref for op in ops if op in nodes
+                  for ref in _data_inputs(nodes[op]) if ref[0] not in ops]
+        for x in recs:
+            if x is y or need[x.id] <= need[y.id] or \
+                    position.get(x.out_after, need[y.id]) >= need[y.id]:
+                continue
+            source = split_tensor_name(x.tensor)
+            if any(_view_chain(nodes, ref, source) is not None for ref in inputs):
+                need[x.id] = need[y.id]
+                todo.append(x)
+    return need
+
+
 def _recompute(graph_def, nodes: dict, swap, k: int, position: dict, reference,
-               trigger, device: str, merged_ops: frozenset) -> list[str]:
+               trigger, device: str, merged_ops: frozenset, first: int | None = None) -> list[str]:
     """Add the copies of the ops that make ``swap.tensor`` again (``swap.ops``, or
     its producer), in order, the first run after the op the schedule puts just
-    before the first consumer; their names."""
+    before ``first`` (default: the first consumer); their names."""
     from tfswap.tf.recomputable import refusal
 
     producer, _ = split_tensor_name(swap.tensor)
@@ -394,7 +419,7 @@ def _recompute(graph_def, nodes: dict, swap, k: int, position: dict, reference,
         if not _reads(nodes, nodes[consumer], split_tensor_name(swap.tensor)):
             raise RewriteError(f"swap {swap.id!r}: {consumer!r} does not read {swap.tensor} "
                                "(or a view of it)")
-    first = min(position[c] for c in swap.consumers)
+    first = min(position[c] for c in swap.consumers) if first is None else first
     if position.get(swap.out_after, -1) >= first:
         raise RewriteError(f"swap {swap.id!r}: the copy is dropped after {swap.out_after!r}, "
                            "not before the consumers that read it recomputed")
@@ -582,7 +607,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
 
     in_step_order = sorted(enumerate(plan.swaps), key=lambda e: at(e[1]))
     recomputed = []   # (k, swap, clone names): their inputs are pointed at after the loop
-    merged_ops = None
+    merged_ops = remade_at = None
     for k, swap in in_step_order:
         producer, index = split_tensor_name(swap.tensor)
         if swap.kind == "recompute":
@@ -590,8 +615,10 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
                 from tfswap.tf.recomputable import merged
 
                 merged_ops = merged(captured.graph_def)
+            if remade_at is None:
+                remade_at = _remake_positions(plan, nodes, position)
             clones = _recompute(graph_def, nodes, swap, k, position, reference, trigger,
-                                device, merged_ops)
+                                device, merged_ops, remade_at.get(swap.id))
             held = copies.setdefault((producer, index), [(producer, index)])
             for consumer in swap.consumers:
                 for copy in held:
@@ -686,10 +713,10 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
                 (position[swap.out_after], swap_in_node[swap.id].name))
     for k, swap, clones in recomputed:   # a value made again, read by a later recomputation
         source = split_tensor_name(swap.tensor)
-        made_at = min(position[c] for c in swap.consumers) - 0.5   # just before its readers
+        made_at = remade_at[swap.id] - 0.5   # just before its readers (or a later remake's)
         leaves.setdefault(source, []).append((made_at, _input_ref(clones[-1], source[1])))
     for k, swap, clones in recomputed:
-        need = min(position[c] for c in swap.consumers)
+        need = remade_at[swap.id]
         for source, left in leaves.items():
             gone = [name for at_, name in sorted(left) if at_ < need]
             for clone in clones:

@@ -28,6 +28,12 @@ from tfswap.core.devices import DeviceSpec
 from tfswap.core.plan import Allocation
 from tfswap.core.program import InRec, OutRec, Program, buffer_classes, recompute_ops
 
+# The byte scan's question to Python for a chain the per-slot arrays do not hold
+# (planner_sim.cc's ChainAtFn): (buffer, position, time out, buffers out) -> id.
+CHAIN_AT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                            ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_int32))
+
+
 def _configure(lib: ctypes.CDLL) -> None:
     p = ctypes.c_void_p
     lib.tfswap_plan_simulate.restype = ctypes.c_int
@@ -48,7 +54,8 @@ def _configure(lib: ctypes.CDLL) -> None:
     lib.tfswap_byte_scan.argtypes = (
         [ctypes.c_int] * 2 + [p] * 13 + [ctypes.c_int, p, ctypes.c_int64]
         + [ctypes.c_double] * 3 + [ctypes.c_int] + [ctypes.c_double] * 2 + [ctypes.c_int64]
-        + [ctypes.c_int] + [p] * 6 + [ctypes.c_double, ctypes.c_int, p, p])
+        + [ctypes.c_int] + [p] * 6 + [ctypes.c_double, ctypes.c_int, ctypes.c_int, CHAIN_AT,
+                                      ctypes.c_int64, p, p])
     lib.tfswap_byte_scan_fetch.restype = ctypes.c_int
     lib.tfswap_byte_scan_fetch.argtypes = [p] * 5
 
@@ -328,24 +335,45 @@ class ByteScanRecords:
 
 
 def byte_scan(order_args: tuple, cap: int, spec: DeviceSpec, lookahead, margin_s: float,
-              chain_args: tuple | None, share_s_per_byte: float, cheapest: bool):
+              chain_args: tuple | None, share_s_per_byte: float, cheapest: bool,
+              chain_at=None, segment_bytes: int = 0):
     """One byte-cap scan (:class:`tfswap.core.byte_planner._ByteScan`, compiled):
     its :class:`ByteScanRecords`, or ``(position, bytes)`` where an op cannot get
     its bytes under ``cap``.  ``order_args``: the order's arrays
     (``byte_planner._Static.native_args``); ``chain_args``: the chains'
-    (``byte_planner._Chains.native_args``) or None."""
+    (``byte_planner._Chains.native_args``) or None; ``chain_at``: with them,
+    ``(buffer, position) -> (chain id, time, made, inputs) or None`` for the
+    chains a segment asks for (ids from ``len`` of the arrays' chains on);
+    ``segment_bytes``: ``_ByteScan.segment_bytes``."""
     lib = library()
     fail = np.zeros(2, dtype=np.int64)
     sizes = np.zeros(5, dtype=np.int64)
+    callback = CHAIN_AT(0)
+    n_chains = 0
     if chain_args is None:
         chain_args = (0, None, None, None, None, None, None)
     else:
+        n_chains = len(chain_args[2]) - 1   # made_ptr
         chain_args = (1,) + tuple(_ptr(a) for a in chain_args)
+        if chain_at is not None:
+            def answer(b, need, time, out):
+                got = chain_at(b, need)
+                if got is None:
+                    return -1
+                cid, t, made, inputs = got
+                time[0] = t
+                flat = [len(made), *made, len(inputs), *inputs]
+                for i, x in enumerate(flat):
+                    out[i] = x
+                return cid
+
+            callback = CHAIN_AT(answer)
     status = lib.tfswap_byte_scan(
         *order_args, float(spec.h2d_bytes_per_s), float(spec.d2h_bytes_per_s),
         float(spec.copy_latency_s), int(lookahead is not None),
         float(lookahead) if lookahead is not None else 0.0, float(margin_s), int(cap),
-        *chain_args, float(share_s_per_byte), int(cheapest), _ptr(fail), _ptr(sizes))
+        *chain_args, float(share_s_per_byte), int(cheapest), n_chains, callback,
+        int(segment_bytes), _ptr(fail), _ptr(sizes))
     if status:
         return int(fail[0]), int(fail[1])
     n_out, n_in, n_wait, n_opw, n_rec = (int(x) for x in sizes)

@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <climits>
 #include <limits>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -300,7 +302,7 @@ struct Program {
   std::vector<std::pair<int, int>> op_waits;
   // A program given whole (tfswap_simulate_program) rather than planned here:
   // each swap-in's waits in CSR form (empty: InRec::wait alone), and the
-  // recomputations, sorted by (need, buf), each running rec_ops[rec_ptr[i]..].
+  // recomputations in program order (by need; one read by another first), each running rec_ops[rec_ptr[i]..].
   std::vector<int> in_wait_ptr, in_waits;
   std::vector<int> rec_buf, rec_need, rec_ptr, rec_ops;
 };
@@ -651,7 +653,7 @@ int tfswap_plan_simulate(
 // plan order, no events).  Records as in program.py, flattened: outs (buf,
 // after, copy) x n_outs; ins (buf, trigger, own, need) x n_ins with their waits
 // in CSR (in_wait_ptr: n_ins + 1); op_waits (position, out) x n_waits;
-// recomputes (buf, need) x n_recs, sorted by (need, buf), their ops in CSR.
+// recomputes (buf, need) x n_recs, in program order (by need), their ops in CSR.
 // Returns 0, or 2/3/4 as SimOut::status (5: more allocation events than
 // event_cap).  metrics: [step_time_s, stall_s]; counts_out: [peak_bytes,
 // h2d_bytes, d2h_bytes, n_events].  With event_cap > 0 the pool's allocation
@@ -774,7 +776,9 @@ int tfswap_place_objects(int n_obj, const int32_t* iv_ptr, const int64_t* iv_sta
 // (uses, releases, ideal times) and the value chains of the ops that may run
 // again come from Python as arrays (byte_planner._Static, _Chains); the scan
 // returns its records unsorted, and Python makes the Program (canonical,
-// inputs_back).  tests/core/test_byte_planner.py checks the two give the same
+// inputs_back).  Segments (_ByteScan._segment) ask for chains at positions
+// other than a buffer's next use: those come from Python through a callback
+// (ChainAtFn), each (buffer, position) once per scan.  tests/core/test_byte_planner.py checks the two give the same
 // programs.
 
 namespace {
@@ -796,6 +800,12 @@ struct BEntryGreater {
 struct BOut { int buf, after, copy; };
 struct BIn { int buf, trigger, own, need; std::vector<int> waits; };
 struct BRec { int buf, drop, need, chain; };
+// Python's _Chains.at(b, need) for a (buffer, position) the per-slot chains do
+// not cover (a segment's remakes): the chain id, or -1 (None); writes the
+// chain's time and [n_made, made..., n_inputs, inputs...] into buf.
+typedef int (*ChainAtFn)(int b, int need, double* time, int32_t* buf);
+// One remake a drop sets (_ByteScan._segment's dict entries).
+struct BRemake { int buf, at, chain; };
 
 struct ByteScan {
   // Inputs.
@@ -813,12 +823,23 @@ struct ByteScan {
   const int32_t *made_ptr, *made, *inp_ptr, *inp;
   double share_s_per_byte;
   bool cheapest, chains;
+  int n_chains = 0;           // the chains the arrays hold; ids from n_chains on: chain_at
+  ChainAtFn chain_at_fn = nullptr;
+  int64_t segment_bytes = 0;  // _ByteScan.segment_bytes
+  // Chains met through chain_at (id - n_chains): made and inputs, ascending.
+  std::vector<std::vector<int>> dyn_made, dyn_inp;
+  std::vector<double> dyn_time;
+  std::vector<char> dyn_known;
+  std::unordered_map<int64_t, int> at_memo;   // b * (never + 1) + need -> chain or -1
+  std::vector<int32_t> cb_buf;
   // State.
   int64_t never;
   std::vector<int64_t> occ;
   std::vector<char> resident;
-  std::vector<int> cursor, version, last_use, pending_out, last_out, stamp, anchors;
-  std::vector<int> remake_drop, remake_chain;  // -1: not dropped
+  std::vector<int> cursor, version, last_use, pending_out, last_out, stamp;
+  std::vector<int> remake_drop, remake_chain, remake_at;  // -1: not dropped
+  std::vector<std::vector<int>> readers;   // buffer -> the dropped buffers whose chains read it
+  std::vector<int64_t> held;               // position -> the bytes its pending remakes make
   std::vector<BEntry> heap, cheap;
   std::vector<int64_t> temps_for;  // sorted keys t * (never + 1) + need
   std::vector<BOut> outs;
@@ -829,6 +850,72 @@ struct ByteScan {
   int64_t lazy = 0;
   int fail_k = -1;
   int64_t fail_bytes = 0;
+
+  const int32_t* made_b(int ch) const {
+    return ch < n_chains ? made + made_ptr[ch] : dyn_made[ch - n_chains].data();
+  }
+  const int32_t* made_e(int ch) const {
+    return ch < n_chains ? made + made_ptr[ch + 1]
+                         : dyn_made[ch - n_chains].data() + dyn_made[ch - n_chains].size();
+  }
+  const int32_t* inp_b(int ch) const {
+    return ch < n_chains ? inp + inp_ptr[ch] : dyn_inp[ch - n_chains].data();
+  }
+  const int32_t* inp_e(int ch) const {
+    return ch < n_chains ? inp + inp_ptr[ch + 1]
+                         : dyn_inp[ch - n_chains].data() + dyn_inp[ch - n_chains].size();
+  }
+  double time_of(int ch) const {
+    return ch < n_chains ? chain_time[ch] : dyn_time[ch - n_chains];
+  }
+  int64_t made_bytes(int ch) const {
+    int64_t t = 0;
+    for (const int32_t* m = made_b(ch); m != made_e(ch); ++m) t += nb[*m];
+    return t;
+  }
+  // _Chains.at(b, need): a chain id, or -1.
+  int chain_at(int b, int need) {
+    int64_t key = (int64_t)b * (never + 1) + need;
+    auto it = at_memo.find(key);
+    if (it != at_memo.end()) return it->second;
+    double t = 0.0;
+    int ch = chain_at_fn ? chain_at_fn(b, need, &t, cb_buf.data()) : -1;
+    if (ch >= n_chains) {
+      size_t i = (size_t)(ch - n_chains);
+      if (i >= dyn_made.size()) {
+        dyn_made.resize(i + 1);
+        dyn_inp.resize(i + 1);
+        dyn_time.resize(i + 1, 0.0);
+        dyn_known.resize(i + 1, 0);
+      }
+      if (dyn_known[i]) {
+        at_memo.emplace(key, ch);
+        return ch;
+      }
+      dyn_known[i] = 1;
+      const int32_t* p = cb_buf.data();
+      int n_made = *p++;
+      dyn_made[i].assign(p, p + n_made);
+      p += n_made;
+      int n_inp = *p++;
+      dyn_inp[i].assign(p, p + n_inp);
+      dyn_time[i] = t;
+    }
+    at_memo.emplace(key, ch);
+    return ch;
+  }
+  static void discard(std::vector<int>& v, int x) {
+    auto it = std::find(v.begin(), v.end(), x);
+    if (it != v.end()) v.erase(it);
+  }
+  void temps_add(int64_t key) {
+    auto at = std::lower_bound(temps_for.begin(), temps_for.end(), key);
+    if (at == temps_for.end() || *at != key) temps_for.insert(at, key);
+  }
+  void temps_remove(int64_t key) {
+    auto at = std::lower_bound(temps_for.begin(), temps_for.end(), key);
+    if (at != temps_for.end() && *at == key) temps_for.erase(at);
+  }
 
   int64_t next_use(int b) const {
     int c = cursor[b], n_u = use_ptr[b + 1] - use_ptr[b];
@@ -875,9 +962,9 @@ struct ByteScan {
       BEntry e{-need, k, b, v, 0.0, -1};
       push(heap, e);
       int ch = (chains && c < n_u) ? slot_chain[use_ptr[b] + c] : -1;
-      if (ch >= 0 && chain_time[ch] <= (double)nb[b] * share_s_per_byte) {
+      if (ch >= 0 && time_of(ch) <= (double)nb[b] * share_s_per_byte) {
         e.chain = ch;
-        e.rank = cheapest ? chain_time[ch] / (double)nb[b] : 0.0;
+        e.rank = cheapest ? time_of(ch) / (double)nb[b] : 0.0;
         push(cheap, e);
       }
     }
@@ -906,33 +993,121 @@ struct ByteScan {
         skipped.push_back(entry);
         continue;
       }
-      int ch = entry.chain;
-      int64_t need = -entry.nneed;
-      bool refuse = anchors[b] != 0;
-      for (int i = inp_ptr[ch]; !refuse && i < inp_ptr[ch + 1]; ++i)
-        refuse = remake_drop[inp[i]] >= 0;
-      for (int i = made_ptr[ch]; !refuse && i < made_ptr[ch + 1]; ++i)
-        refuse = made[i] != b && temp_taken((int64_t)made[i] * (never + 1) + need);
-      if (refuse) continue;
-      for (int i = inp_ptr[ch]; i < inp_ptr[ch + 1]; ++i) ++anchors[inp[i]];
-      for (int i = made_ptr[ch]; i < made_ptr[ch + 1]; ++i) {
-        if (made[i] == b) continue;
-        int64_t key = (int64_t)made[i] * (never + 1) + need;
-        auto at = std::lower_bound(temps_for.begin(), temps_for.end(), key);
-        if (at == temps_for.end() || *at != key) temps_for.insert(at, key);
-      }
+      std::vector<BRemake> remakes;
+      if (!segment(b, (int)(-entry.nneed), entry.chain, k, remakes)) continue;
       int q = last_use[b];
       resident[b] = 0;
       ++version[b];
       add_from(q + 1, -nb[b]);
       outs.push_back(BOut{b, q, 0});
-      remake_drop[b] = (int)outs.size() - 1;
-      remake_chain[b] = ch;
+      for (const BRemake& r : remakes) {
+        int x = r.buf, j;
+        if (x == b) {
+          j = (int)outs.size() - 1;
+        } else {   // remade earlier than planned: for a remake that reads it
+          j = remake_drop[x];
+          int old = remake_chain[x], was = remake_at[x];
+          held[was] -= made_bytes(old);
+          for (const int32_t* m = made_b(old); m != made_e(old); ++m)
+            if (*m != x) temps_remove((int64_t)*m * (never + 1) + was);
+          for (const int32_t* i = inp_b(old); i != inp_e(old); ++i) discard(readers[*i], x);
+        }
+        remake_drop[x] = j;
+        remake_chain[x] = r.chain;
+        remake_at[x] = r.at;
+      }
+      for (const BRemake& r : remakes) {
+        int x = r.buf;
+        held[r.at] += made_bytes(r.chain);
+        for (const int32_t* m = made_b(r.chain); m != made_e(r.chain); ++m)
+          if (*m != x) temps_add((int64_t)*m * (never + 1) + r.at);
+        for (const int32_t* i = inp_b(r.chain); i != inp_e(r.chain); ++i) {
+          std::vector<int>& rd = readers[*i];
+          if (std::find(rd.begin(), rd.end(), x) == rd.end()) rd.push_back(x);
+        }
+      }
       dropped = true;
       break;
     }
     for (const BEntry& e : skipped) push(cheap, e);
     return dropped;
+  }
+
+  // _ByteScan._segment: the remakes dropping b at k sets (false: it may not be
+  // dropped); remakes in the reference dict's order (first insertion).
+  bool segment(int b, int need, int ch, int k, std::vector<BRemake>& remakes) {
+    int at = need;
+    if (!readers[b].empty()) {
+      at = INT_MAX;
+      for (int y : readers[b]) at = std::min(at, remake_at[y]);
+    }
+    if (at < need) {
+      if (at <= k + 1) return false;
+      int got = chain_at(b, at);
+      if (got < 0 || time_of(got) > (double)nb[b] * share_s_per_byte) return false;
+      ch = got;
+    }
+    remakes.clear();
+    remakes.push_back(BRemake{b, at, ch});
+    auto find = [&](int x) -> int {
+      for (size_t i = 0; i < remakes.size(); ++i)
+        if (remakes[i].buf == x) return (int)i;
+      return -1;
+    };
+    std::vector<int> todo{b};
+    while (!todo.empty()) {
+      int y = todo.back();
+      todo.pop_back();
+      BRemake ry = remakes[find(y)];
+      for (const int32_t* p = inp_b(ry.chain); p != inp_e(ry.chain); ++p) {
+        int x = *p;
+        if (x == b) return false;
+        int ix = find(x);
+        int was = ix >= 0 ? remakes[ix].at : remake_drop[x] >= 0 ? remake_at[x] : -1;
+        if (was > ry.at) {
+          int got = chain_at(x, ry.at);
+          if (got < 0) return false;
+          if (ix >= 0) {
+            remakes[ix].at = ry.at;
+            remakes[ix].chain = got;
+          } else {
+            remakes.push_back(BRemake{x, ry.at, got});
+          }
+          todo.push_back(x);
+        }
+      }
+    }
+    std::vector<int64_t> temps, freed;   // t * (never + 1) + position
+    std::vector<std::pair<int, int64_t>> pos_held;   // position -> bytes, after this drop
+    auto held_at = [&](int pos) -> int64_t& {
+      for (auto& e : pos_held)
+        if (e.first == pos) return e.second;
+      pos_held.emplace_back(pos, held[pos]);
+      return pos_held.back().second;
+    };
+    for (const BRemake& r : remakes) {
+      int x = r.buf;
+      for (const int32_t* m = made_b(r.chain); m != made_e(r.chain); ++m) {
+        if (*m == x) continue;
+        int64_t key = (int64_t)*m * (never + 1) + r.at;
+        if (std::find(temps.begin(), temps.end(), key) != temps.end()) return false;
+        temps.push_back(key);
+      }
+      held_at(r.at) += made_bytes(r.chain);
+      if (x != b) {
+        int was = remake_at[x], old = remake_chain[x];
+        for (const int32_t* m = made_b(old); m != made_e(old); ++m)
+          if (*m != x) freed.push_back((int64_t)*m * (never + 1) + was);
+        held_at(was) -= made_bytes(old);
+      }
+    }
+    for (int64_t t : temps)
+      if (temp_taken(t) && std::find(freed.begin(), freed.end(), t) == freed.end())
+        return false;
+    if (remakes.size() > 1)
+      for (const auto& e : pos_held)
+        if (e.second > segment_bytes) return false;   // a segment within its share
+    return true;
   }
 
   // False: infeasible (fail_k, fail_bytes say where).
@@ -983,15 +1158,21 @@ struct ByteScan {
   }
 
   bool remake(int b, int k) {
-    int j = remake_drop[b], ch = remake_chain[b];
-    remake_drop[b] = remake_chain[b] = -1;
+    int j = remake_drop[b], ch = remake_chain[b], at = remake_at[b];
+    remake_drop[b] = remake_chain[b] = remake_at[b] = -1;
+    held[at] -= made_bytes(ch);
+    for (const int32_t* p = inp_b(ch); p != inp_e(ch); ++p) discard(readers[*p], b);
+    if (at != k) {   // the drop rule makes every remake at its position; never here
+      int got = chain_at(b, k);
+      if (got >= 0) ch = got;
+    }
     int64_t extra = 0;
-    for (int i = made_ptr[ch]; i < made_ptr[ch + 1]; ++i)
-      if (made[i] != b) extra += nb[made[i]];
-    for (int i = inp_ptr[ch]; i < inp_ptr[ch + 1]; ++i) --anchors[inp[i]];
-    for (int i = inp_ptr[ch]; i < inp_ptr[ch + 1]; ++i) stamp[inp[i]] = k;
-    for (int i = inp_ptr[ch]; i < inp_ptr[ch + 1]; ++i) {
-      int x = inp[i];
+    for (const int32_t* m = made_b(ch); m != made_e(ch); ++m)
+      if (*m != b) extra += nb[*m];
+    // Copied: bring may meet a new chain, which may grow dyn_inp.
+    std::vector<int> inputs(inp_b(ch), inp_e(ch));
+    for (int x : inputs) stamp[x] = k;
+    for (int x : inputs) {
       if (!resident[x] && !bring(x, k)) return false;
       last_use[x] = std::max(last_use[x], k);
     }
@@ -1046,9 +1227,12 @@ struct ByteScan {
     pending_out.assign(B, -1);
     last_out.assign(B, -1);
     stamp.assign(B, -1);
-    anchors.assign(B, 0);
     remake_drop.assign(B, -1);
     remake_chain.assign(B, -1);
+    remake_at.assign(B, -1);
+    readers.assign(B, {});
+    held.assign(n + 1, 0);
+    cb_buf.assign(2 * (size_t)B + 2, 0);
     for (int i = 0; i < n_start; ++i) resident[start[i]] = 1;
     for (int k = 0; k < n; ++k) {
       if (k) {
@@ -1102,7 +1286,8 @@ int tfswap_byte_scan(
     double lookahead, double margin, int64_t cap,
     int has_chains, const int32_t* slot_chain, const double* chain_time,
     const int32_t* made_ptr, const int32_t* made, const int32_t* inp_ptr, const int32_t* inp,
-    double share_s_per_byte, int cheapest, int64_t* fail, int64_t* sizes_out) {
+    double share_s_per_byte, int cheapest, int n_chains, ChainAtFn chain_at,
+    int64_t segment_bytes, int64_t* fail, int64_t* sizes_out) {
   delete g_last_scan;
   g_last_scan = nullptr;
   ByteScan* s = new ByteScan();
@@ -1115,6 +1300,7 @@ int tfswap_byte_scan(
   s->chains = has_chains != 0; s->slot_chain = slot_chain; s->chain_time = chain_time;
   s->made_ptr = made_ptr; s->made = made; s->inp_ptr = inp_ptr; s->inp = inp;
   s->share_s_per_byte = share_s_per_byte; s->cheapest = cheapest != 0;
+  s->n_chains = n_chains; s->chain_at_fn = chain_at; s->segment_bytes = segment_bytes;
   if (!s->run(start, n_start, start_bytes)) {
     fail[0] = s->fail_k;
     fail[1] = s->fail_bytes;
@@ -1137,7 +1323,8 @@ int tfswap_byte_scan(
 // outs [n_outs x 3] (buf, out_after, copy) by (out_after, buf), ins [n_ins x 5]
 // (buf, trigger, own_out, need, n_waits) by (need, buf), waits [n_waits] (each
 // in's in turn, ascending), op_waits [n x 2] ascending, recs [n x 4] (buf, drop,
-// need, chain) by (need, buf).
+// need, chain) by (need, buf) (Python then orders a segment's, at one need, by
+// the position of the last op each runs again: program._recompute_order).
 int tfswap_byte_scan_fetch(int32_t* outs, int32_t* ins, int32_t* waits, int32_t* op_waits,
                            int32_t* recs) {
   ByteScan* s = g_last_scan;
