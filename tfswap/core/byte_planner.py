@@ -126,20 +126,9 @@ _MEMO_ORDERS = 8
 
 
 def _memo(cg: CompiledGraph, what: str, key, make):
-    """``make()``, kept on ``cg`` under ``(what, key)`` for the last few keys: the
-    planners call this module many times over one graph and a few orders."""
-    cache = cg.__dict__.get("_byte_planner_memo")
-    if cache is None:
-        cache = {}
-        object.__setattr__(cg, "_byte_planner_memo", cache)
-    entries = cache.setdefault(what, {})
-    if key in entries:
-        return entries[key]
-    value = make()
-    if len(entries) >= _MEMO_ORDERS:
-        entries.pop(next(iter(entries)))
-    entries[key] = value
-    return value
+    """``make()``, kept on ``cg`` for the last few keys: the planners call this
+    module many times over one graph and a few orders."""
+    return cg.memo("byte_planner." + what, key, make, keep=_MEMO_ORDERS)
 
 
 def _order_key(order) -> bytes:

@@ -289,6 +289,29 @@ class CompiledGraph:
         usage[row_of, sizes] = counts
         return usage
 
+    def cache(self, what: str) -> dict:
+        """A dict kept on this graph for data derived from it under ``what`` (the
+        planners ask for the same per-order arrays many times); callers only read
+        what they find there."""
+        caches = self.__dict__.get("_caches")
+        if caches is None:
+            caches = {}
+            object.__setattr__(self, "_caches", caches)
+        return caches.setdefault(what, {})
+
+    def memo(self, what: str, key, make, keep: int | None = 8):
+        """``make()``, kept under ``(what, key)`` (:meth:`cache`); with ``keep``, for
+        the last ``keep`` keys only (per-order data of the few orders a planner
+        works on)."""
+        entries = self.cache(what)
+        if key in entries:
+            return entries[key]
+        value = make()
+        if keep is not None and len(entries) >= keep:
+            entries.pop(next(iter(entries)))
+        entries[key] = value
+        return value
+
     def op_working_set(self) -> np.ndarray:
         """Bytes of the pool buffers each op needs on the device at once -- inputs,
         outputs and scratch -- not counting pinned parameters (on the device anyway).

@@ -49,12 +49,17 @@ def object_busy(result) -> dict[tuple[int, int], list[tuple[int, int]]]:
     """
     if not result.allocation_events and any(result.class_peak_objects):
         raise ValueError("shared_layout needs the allocation events: simulate with events=True")
-    n = len(result.allocation_events)
+    return _busy(((e.is_alloc, (e.size_class, e.object_index))
+                  for e in result.allocation_events), len(result.allocation_events))
+
+
+def _busy(events, n: int) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """Each object's busy intervals, in event indices, from ``n`` events (whether it
+    is taken, (class, object)); one still taken at the end is busy to ``n``."""
     busy: dict[tuple[int, int], list[tuple[int, int]]] = {}
     opened: dict[tuple[int, int], int] = {}
-    for i, e in enumerate(result.allocation_events):
-        key = (e.size_class, e.object_index)
-        if e.is_alloc:
+    for i, (take, key) in enumerate(events):
+        if take:
             if key in opened:
                 raise ValueError(f"simulation allocates object {key} twice without a release")
             opened[key] = i
@@ -90,20 +95,8 @@ def shared_layout_rows(rows, class_peak_objects, allocation: Allocation) -> Allo
     intervals = _intervals_of_rows(rows, counts)
     if intervals is not None:
         return _place_intervals(*intervals, counts, allocation)
-    # Not a well-formed run: the loop below says what is wrong.
-    n = len(rows)
-    busy: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    opened: dict[tuple[int, int], int] = {}
-    for i, (take, _, c, j) in enumerate(rows.tolist()):
-        key = (c, j)
-        if take:
-            if key in opened:
-                raise ValueError(f"simulation allocates object {key} twice without a release")
-            opened[key] = i
-        else:
-            busy.setdefault(key, []).append((opened.pop(key), i))
-    for key, start in opened.items():
-        busy.setdefault(key, []).append((start, n))
+    # Not a well-formed run: the event by event reading says what is wrong.
+    busy = _busy(((take, (c, j)) for take, _, c, j in rows.tolist()), len(rows))
     return _place(busy, list(class_peak_objects), allocation)
 
 

@@ -77,13 +77,13 @@ def recompute_ops(cg: CompiledGraph, rec: RecomputeRec) -> tuple[int, ...]:
 
 def _producers(cg: CompiledGraph) -> np.ndarray:
     """The first op writing each buffer (-1: none), kept on ``cg``."""
-    got = cg.__dict__.get("_producers")
-    if got is None:
+    def make() -> np.ndarray:
         got = np.full(cg.n_buffers, -1, dtype=np.int64)
         for op in range(cg.n_ops - 1, -1, -1):
             got[cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]] = op
-        object.__setattr__(cg, "_producers", got)
-    return got
+        return got
+
+    return cg.memo("producers", None, make, keep=None)
 
 
 @dataclass(frozen=True)
@@ -170,10 +170,7 @@ def remade_for_remakes(cg: CompiledGraph, prog: Program) -> tuple[RecomputeRec, 
     by_buf: dict[int, list[int]] = {}
     for i, r in enumerate(recs):
         by_buf.setdefault(r.buf, []).append(i)
-    cache = cg.__dict__.get("_remake_reads")
-    if cache is None:
-        cache = {}
-        object.__setattr__(cg, "_remake_reads", cache)
+    cache = cg.cache("remake_reads")
     todo = list(range(len(recs)))
     moved = False
     while todo:
@@ -250,10 +247,7 @@ def inputs_back(cg: CompiledGraph, prog: Program, only=None) -> Program:
 def _recompute_inputs(cg: CompiledGraph, rec: RecomputeRec) -> list[int]:
     """The buffers ``rec``'s ops read but ``rec.buf``, ascending (kept on ``cg``: the
     recomputation pass asks for the same ones for every trial program)."""
-    cache = cg.__dict__.get("_recompute_inputs")
-    if cache is None:
-        cache = {}
-        object.__setattr__(cg, "_recompute_inputs", cache)
+    cache = cg.cache("recompute_inputs")
     key = (rec.buf, rec.ops)
     got = cache.get(key)
     if got is None:
@@ -345,20 +339,10 @@ def _uses_by_position(cg: CompiledGraph, prog: Program) -> list[list[int]]:
     """Each buffer's positions in ``prog.order``, ascending: kept on ``cg`` for the
     last few orders (the planners convert many programs of one order); callers
     only read them."""
-    cache = cg.__dict__.get("_uses_by_position")
-    if cache is None:
-        cache = {}
-        object.__setattr__(cg, "_uses_by_position", cache)
     order = prog.order
     if not isinstance(order, tuple):
         return _uses_of_order(cg, order)
-    got = cache.get(order)
-    if got is None:
-        got = _uses_of_order(cg, order)
-        if len(cache) >= 8:
-            cache.pop(next(iter(cache)), None)
-        cache[order] = got
-    return got
+    return cg.memo("uses_by_position", order, lambda: _uses_of_order(cg, order))
 
 
 def _uses_of_order(cg: CompiledGraph, order) -> list[list[int]]:
@@ -377,24 +361,15 @@ def _schedule_lookup(cg: CompiledGraph, schedule):
     """``cg.order_of(schedule)``, each op's position by name, each tensor's buffer
     by name: kept on ``cg`` for the last few schedules (the recomputation pass
     reads every candidate plan of one or two schedules).  Callers only read them."""
-    cache = cg.__dict__.get("_schedule_lookup")
-    if cache is None:
-        cache = {}
-        object.__setattr__(cg, "_schedule_lookup", cache)
-    key = tuple(schedule) if schedule is not None else None
-    got = cache.get(key)
-    if got is None:
+    tbuf = cg.memo("tensor_buffers", None, lambda: {
+        t.name: int(cg.tensor_buffer[i]) for i, t in enumerate(cg.graph.tensors)}, keep=None)
+
+    def make():
         order = cg.order_of(schedule)
         order.flags.writeable = False
-        tbuf = cache.get("tbuf")
-        if tbuf is None:
-            tbuf = cache["tbuf"] = {t.name: int(cg.tensor_buffer[i])
-                                    for i, t in enumerate(cg.graph.tensors)}
-        got = (order, {cg.graph.ops[o].name: k for k, o in enumerate(order)}, tbuf)
-        if len(cache) >= 9:
-            cache.pop(next(k for k in cache if k != "tbuf"))
-        cache[key] = got
-    return got
+        return order, {cg.graph.ops[o].name: k for k, o in enumerate(order)}, tbuf
+
+    return cg.memo("schedule_lookup", tuple(schedule) if schedule is not None else None, make)
 
 
 def from_plan(cg: CompiledGraph, schedule, swaps, resident_parameters) -> Program:

@@ -192,18 +192,8 @@ def _leaves(prog) -> dict[int, list[int]]:
 def chain_index(cg, order) -> ChainIndex:
     """``ChainIndex(cg, order)``, kept on ``cg`` for the last few orders (the
     planners ask for the same one or two many times); callers only read it."""
-    cache = cg.__dict__.get("_chain_index")
-    if cache is None:
-        cache = {}
-        object.__setattr__(cg, "_chain_index", cache)
     key = tuple(int(o) for o in order)
-    got = cache.get(key)
-    if got is None:
-        got = ChainIndex(cg, key)
-        if len(cache) >= 8:
-            cache.pop(next(iter(cache)))
-        cache[key] = got
-    return got
+    return cg.memo("chain_index", key, lambda: ChainIndex(cg, key))
 
 
 def candidates(problem: Problem, prog, spec: DeviceSpec) -> list[tuple[float, int, tuple]]:

@@ -198,22 +198,13 @@ def try_program_rows(cg: CompiledGraph, prog: Program, allocation: Allocation,
 def _ideal_time_of(cg: CompiledGraph, order: tuple[int, ...]) -> float:
     """:func:`ideal_time`, kept on ``cg`` for the last few orders: the planners'
     trial loops simulate many programs of one order."""
-    cache = cg.__dict__.get("_ideal_times")
-    if cache is None:
-        cache = {}
-        object.__setattr__(cg, "_ideal_times", cache)
-    last = cg.__dict__.get("_ideal_time_last")
-    if last is not None and last[0] is order:   # a trial loop's programs share the tuple
-        return last[1]
+    last = cg.cache("ideal_time_last")
+    if last.get("order") is order:   # a trial loop's programs share the tuple
+        return last["time"]
     key = order if isinstance(order, tuple) else tuple(int(o) for o in order)
-    t = cache.get(key)
-    if t is None:
-        t = ideal_time(cg, key)
-        if len(cache) >= 8:
-            cache.pop(next(iter(cache)))
-        cache[key] = t
+    t = cg.memo("ideal_time", key, lambda: ideal_time(cg, key))
     if isinstance(order, tuple):
-        object.__setattr__(cg, "_ideal_time_last", (order, t))
+        last.update(order=order, time=t)
     return t
 
 
