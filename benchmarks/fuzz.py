@@ -8,8 +8,10 @@ its measured unmodified peak, then must measure at most the budget and train
 bit for bit like the step without swaps (:func:`research.fuzz.check`).
 Prints one line per graph that did not pass, then a summary: graphs tried,
 passed, skipped (already fitting / infeasible, with reasons), refused, and
-failures with the seed to reproduce (``--graphs 1 --seed S``).  Exit status
-1 if any graph failed.  Runs on the emulated device.
+failures with the seed to reproduce (``--graphs 1 --seed S``; with
+``--profiles DIR`` each seed's traced profile and unmodified peak are kept
+there and read again, so a rerun of a seed draws the same budget and makes the
+same plans).  Exit status 1 if any graph failed.  Runs on the emulated device.
 """
 
 import argparse
@@ -40,6 +42,9 @@ def main() -> int:
                         help="optimize's planner: tfswap (the default, the fastest of them "
                              "all) or a registered one for an ablation, e.g. tfswap.ga (the "
                              "genetic search alone)")
+    parser.add_argument("--profiles", type=Path, default=None,
+                        help="a directory keeping each seed's profile and unmodified peak, "
+                             "read again by later runs: the same plans for a seed")
     parser.add_argument("--verify-rounds", type=int, default=3,
                         help="optimize's verify_rounds (0: the plan as the model predicts it)")
     args = parser.parse_args()
@@ -50,7 +55,8 @@ def main() -> int:
     started = time.perf_counter()
     for seed in range(args.seed, args.seed + args.graphs):
         outcome = fuzz.check(seed, max_ops=args.max_ops, generations=args.generations,
-                             planner=args.planner, verify_rounds=args.verify_rounds)
+                             planner=args.planner, verify_rounds=args.verify_rounds,
+                             profiles=args.profiles)
         counts[outcome.status] += 1
         outcomes.append(outcome)
         if outcome.status in ("fits", "infeasible"):
@@ -74,7 +80,9 @@ def main() -> int:
         print(f"  predicted / measured peak over {len(ratios)} plans: median "
               f"{statistics.median(ratios):.3f}, min {ratios[0]:.3f}, max {ratios[-1]:.3f}")
     if failures:
-        print("failures (reproduce with --graphs 1 --seed S):")
+        print("failures (reproduce with --graphs 1 --seed S"
+              + (f" --profiles {args.profiles}):" if args.profiles else "; --profiles DIR "
+                 "keeps what makes a seed's plans repeat):"))
         for outcome in failures:
             print(f"  seed {outcome.seed}: {outcome.detail.splitlines()[-1][:300]}")
     return 1 if failures else 0

@@ -186,6 +186,7 @@ class Outcome:
     swaps: int = 0
     predicted_peak_bytes: int | None = None   # the plan's, where one ran
     measured_peak_bytes: int | None = None    # the rewritten step's, 3 runs
+    plan_id: str | None = None                # the plan's, where one ran
 
 
 def _steps(fn, variables, initial, batch, steps):
@@ -208,16 +209,44 @@ def same_results(expected, actual) -> bool:
         same_values(a, b) for a, b in zip(expected[1], actual[1]))
 
 
+def _peak_and_profile(seed: int, captured, batch, profiles):
+    """The unmodified step's measured peak and its traced profile: from
+    ``profiles`` (a directory) where a check of ``seed`` kept them, else measured,
+    traced and kept there."""
+    from pathlib import Path
+
+    from tfswap.core.profile import Profile
+    from tfswap.tf import emulate, measure
+    from tfswap.tf import profile as profiler
+
+    kept = Path(profiles) / f"seed-{seed}.profile.json" if profiles is not None else None
+    if kept is not None and kept.exists():
+        prof = Profile.load(kept)
+        return int((kept.parent / f"seed-{seed}.peak").read_text()), prof
+    peak = measure.measure(captured, captured.graph_def, batch, runs=1,
+                           inter_op_threads=1).peak_bytes
+    prof = profiler.trace(captured, batch, device=emulate.DEVICE)
+    if kept is not None:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        prof.save(kept)
+        (kept.parent / f"seed-{seed}.peak").write_text(str(peak))
+    return peak, prof
+
+
 def _named_minimum(err) -> int | None:
     found = re.search(r"smallest budget that can work is about (\d+) bytes", str(err))
     return int(found.group(1)) if found else None
 
 
 def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2, *,
-          planner: str = "tfswap", verify_rounds: int = 3) -> Outcome:
+          planner: str = "tfswap", verify_rounds: int = 3, profiles=None) -> Outcome:
     """Build ``random_step(seed)`` and check tfswap's property on it (module doc).
     ``planner``, ``verify_rounds``: passed to ``optimize`` (its defaults; another
-    planner, e.g. "tfswap.ga", for an ablation).
+    planner, e.g. "tfswap.ga", for an ablation).  The step is traced once and every
+    ``optimize`` of the check plans on that profile; ``profiles``: a directory
+    keeping each seed's profile and unmodified peak, read again by a later check
+    of the seed, which then draws the same budget and makes the same plans (a
+    traced profile's timings differ from run to run, and with them the plans).
 
     Never raises for a property violation: the outcome says ``failed`` with
     the reason (and the traceback for an unexpected error).
@@ -232,11 +261,10 @@ def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2, *,
     try:
         step = random_step(seed, max_ops)
         captured = capture.capture(step.concrete_fn)
-        peak = measure.measure(captured, captured.graph_def, step.batch, runs=1,
-                               inter_op_threads=1).peak_bytes
+        peak, prof = _peak_and_profile(seed, captured, step.batch, profiles)
         # Device-homed: the check runs the captured graph on the same variables.
         kwargs = dict(generations=generations, seed=seed, workers=1, inputs=step.batch,
-                      profile="trace", parameters="device", planner=planner,
+                      profile=prof, parameters="device", planner=planner,
                       verify_rounds=verify_rounds)
         try:
             tfswap.optimize(step.concrete_fn, max(1, peak // 8), **kwargs)
@@ -275,7 +303,7 @@ def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2, *,
                                len(fast.plan.swaps))
             status = "order-sensitive"
         peaks = dict(predicted_peak_bytes=fast.plan.prediction.peak_bytes,
-                     measured_peak_bytes=after)
+                     measured_peak_bytes=after, plan_id=fast.plan.id)
         if after > budget:
             return Outcome(seed, "failed", "measured peak above the budget; " + detail, budget,
                            len(fast.plan.swaps), **peaks)

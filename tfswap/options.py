@@ -17,6 +17,7 @@ from typing import Any
 
 from tfswap.core import planners, search
 from tfswap.core.devices import DeviceSpec
+from tfswap.core.profile import Profile
 
 PROFILES = ("auto", "trace", "isolated", "analytic")   # how the step is profiled
 PARAMETERS = ("auto", "device", "host")   # where variables live between steps
@@ -42,7 +43,10 @@ class Options:
     80GB HBM3", or for a GPU no preset describes its figures measured once and
     cached; a note in the report says which).  ``profile``: "trace" (run the step),
     "isolated" (time each op alone; for steps that do not fit), "analytic"
-    (roofline from ``device_spec``), or "auto" (trace, else isolated).
+    (roofline from ``device_spec``), "auto" (trace, else isolated), or a
+    :class:`~tfswap.core.profile.Profile` of this step made before
+    (``OptimizedFunction.profile``, or ``Profile.load`` of one saved): planned on
+    it, not profiled again, so the same profile and seed give the same plan.
     ``search_time``: seconds the whole call may take (profiling, every search
     and verification together); ``generations``: stop each search after this
     many generations instead, with no time limit (then the same seed gives
@@ -129,8 +133,9 @@ class Options:
         if budget is None or isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
             raise ValueError(f"memory_budget must be bytes (int), a size string such as "
                              f"'12GiB' or a fraction of the device's memory, got {budget!r}")
-        if self.profile not in PROFILES:
-            raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
+        if not isinstance(self.profile, Profile) and self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {PROFILES} or a tfswap Profile of "
+                             f"the step, got {self.profile!r}")
         if self.parameters not in PARAMETERS:
             raise ValueError(f"parameters must be one of {PARAMETERS} (where the step's "
                              f"variables live between steps), got {self.parameters!r}")

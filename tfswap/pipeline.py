@@ -235,7 +235,8 @@ def prepare(concrete_fn, options: Options) -> Prepared:
         notes += (f"replicated over {', '.join(captured.replicas)}: each device planned for "
                   "the budget",)
     return Prepared(options, captured, prof, step, spec, budget, device, host, feed, deadline,
-                    notes + (profile_note(prof, time.monotonic() - started),),
+                    notes + (profile_note(prof, time.monotonic() - started,
+                                          given=prof is options.profile),),
                     update_places=places, replicas=replicas,
                     rendezvous=ir.rendezvous(captured) if replicas else (), unplaced=unplaced,
                     unshared_spec=unshared if replicas else None)

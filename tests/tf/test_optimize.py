@@ -103,3 +103,18 @@ def test_one_options_object_is_what_the_same_keywords_make(monkeypatch):
         tfswap.optimize(step.concrete_fn, "3MiB", generation=3)
     with pytest.raises(TypeError, match="tfswap.Options"):
         tfswap.optimize(step.concrete_fn, options={"memory_budget": "3MiB"})
+
+
+def test_a_profile_given_is_planned_on_again_and_one_of_another_step_is_refused(optimized):
+    step, _, budget, fast = optimized
+    # The same profile and seed give the same plan (verified plans may differ: a
+    # measured excess re-plans, and measurements vary).
+    plans = [tfswap.optimize(step.concrete_fn, budget, profile=fast.profile, generations=5,
+                             seed=0, workers=1, inputs=step.batch, verify_rounds=0)
+             for _ in range(2)]
+    assert plans[0].profile is fast.profile and plans[0].plan == plans[1].plan
+    assert "the one given (not profiled again)" in plans[0].report()
+    other = MODELS["transformer" if step.name != "transformer" else "cnn"]()
+    with pytest.raises(ValueError, match="the profile given has no op .*another step"):
+        tfswap.optimize(other.concrete_fn, budget, profile=fast.profile, generations=1,
+                        workers=1, inputs=other.batch)

@@ -18,6 +18,7 @@ from tensorflow.python.eager import context
 
 from tfswap.core.budget import BudgetError
 from tfswap.core.devices import DeviceSpec, cpu_emulated, device_spec as resolve_spec
+from tfswap.core.profile import Profile
 from tfswap.ops import allocator
 from tfswap.tf import emulate, gpu
 from tfswap.tf import profile as profiler
@@ -87,9 +88,12 @@ def sample_inputs(captured, seed: int) -> list:
     return values
 
 
-def profile_step(captured, kind: str, spec: DeviceSpec, feed, device: str):
+def profile_step(captured, kind, spec: DeviceSpec, feed, device: str):
     """The step's profile of ``kind`` (:data:`tfswap.options.PROFILES`; "auto": traced, else each op
-    timed alone where the unmodified step does not fit)."""
+    timed alone where the unmodified step does not fit), or ``kind`` itself where it
+    is a :class:`~tfswap.core.profile.Profile` of this step made before."""
+    if isinstance(kind, Profile):
+        return given_profile(captured, kind)
     if kind == "analytic":
         return profiler.analytic(captured, spec)
     # An op the isolated profile cannot run alone is priced for this device (a GPU's
@@ -106,10 +110,29 @@ def profile_step(captured, kind: str, spec: DeviceSpec, feed, device: str):
         return profiler.isolated(captured, device=device, fallback=spec)
 
 
-def profile_note(prof, seconds: float) -> str:
+# Nodes a profile does not time: the step's arguments and constants.
+UNTIMED = ("Placeholder", "_Arg", "Const", "NoOp")
+
+
+def given_profile(captured, prof: Profile) -> Profile:
+    """``prof``, checked to time every op of ``captured`` (a profile of another
+    step would plan this one on wrong costs)."""
+    missing = [n.name for n in captured.graph_def.node
+               if n.op not in UNTIMED and n.name not in prof]
+    if missing:
+        raise ValueError(
+            f"the profile given has no op {', '.join(map(repr, missing[:3]))}"
+            f"{f' (and {len(missing) - 3} more)' if len(missing) > 3 else ''}: it was made "
+            "for another step or graph; profile this one (profile='auto') or pass its own "
+            "(OptimizedFunction.profile, Profile.load of one saved for it)")
+    return prof
+
+
+def profile_note(prof, seconds: float, given: bool = False) -> str:
     """How the step was profiled; for an isolated profile, how many ops were timed
     alone and how many priced from the device spec instead."""
-    note = f"profile: {prof.source}, {seconds:.1f} s"
+    note = f"profile: {prof.source}, " + ("the one given (not profiled again)" if given
+                                          else f"{seconds:.1f} s")
     if prof.source != "isolated":
         return note
     priced = sum(op.source == "analytic" for op in prof.ops)
@@ -128,5 +151,5 @@ def check_arena(budget: int, asked, device: str) -> None:
             "pass at most that")
 
 
-__all__ = ["NoDeviceError", "check_arena", "choose_spec", "placement",
+__all__ = ["NoDeviceError", "UNTIMED", "check_arena", "given_profile", "choose_spec", "placement",
            "profile_note", "profile_step", "sample_inputs", "spec_for", "this_worker"]
