@@ -190,23 +190,16 @@ def optimize(concrete_fn, memory_budget=None, *, options: options_mod.Options | 
 
     ``memory_budget``: bytes, a string such as "12GiB", or a fraction of the
     device's memory.  Every other setting is a field of :class:`tfswap.Options`
-    (its unit, default and check are there), given as a keyword here
-    (``search_time=30``, ``generations=10``, ``parameters="host"``, ...) or as
-    ``options`` (keywords override it).  The ones most calls pass:
-    ``search_time`` (seconds the whole call may take) or ``generations``
-    (each search's length instead: the same plan on any machine);
-    ``parameters`` ("auto", "device", "host": where variables live between
-    steps); ``recompute`` (False: swaps only); ``planner`` ("tfswap", the
-    fastest plan of every planner tfswap has; another registered name runs
-    that one alone, for ablations).
-    ``background``: False (default) searches, verifies and returns an
-    :class:`OptimizedFunction` when done; True returns in seconds a
-    :class:`tfswap.anytime.AnytimeFunction` running on a first plan (each
-    search's first generation), verified, while the full search goes on in a
-    background thread (on all cores but one unless ``workers`` is given);
-    its plan, verified, takes over at a later call (:mod:`tfswap.anytime`).
-    The stages are :mod:`tfswap.pipeline`'s.  A step that already fits gets
-    no swaps.
+    (unit, default and check), as a keyword (``search_time=30``,
+    ``generations=10``, ``parameters="host"``, ``recompute=False``,
+    ``planner="tfswap.ga"``, ...) or as ``options`` (keywords override it).
+    ``background``: False (default) returns an :class:`OptimizedFunction`
+    once searched and verified; True returns in seconds a
+    :class:`tfswap.anytime.AnytimeFunction` on a first plan (each search's
+    first generation), verified, while the full search goes on in a thread
+    (all cores but one unless ``workers`` is given); its plan takes over at a
+    later call.  The stages are :mod:`tfswap.pipeline`'s.  A step that
+    already fits gets no swaps.
 
     Example::
 
