@@ -111,7 +111,7 @@ setup(
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6", "dask[distributed]", "scipy>=1.11"],
         "plot": ["matplotlib>=3.7"],   # plan.plot_memory / the demo's memory picture
-        "bench": ["matplotlib>=3.7", "scipy>=1.11"],   # paper_fig6.py bar charts, `tfswap bench`; fig6_bound.py LP
+        "bench": ["matplotlib>=3.7", "scipy>=1.11"],   # paper_fig6.py bar charts, `tfswap bench`; research/studies/fig6_bound.py LP
     },
     entry_points={"console_scripts": ["tfswap = tfswap.cli:main"]},
     zip_safe=False,

@@ -23,7 +23,7 @@ It prints each variant's cells and the bytes of pinned parameters and
 optimizer state, and writes a CSV (the columns of paper_bench's plus
 ``variant``).  Example:
 
-    PYTHONPATH=. .venv/bin/python benchmarks/fig6_unpinned.py resnet50:256 \\
+    PYTHONPATH=. .venv/bin/python research/studies/fig6_unpinned.py resnet50:256 \\
         --variants old +pinned new --generations 100
 """
 
@@ -38,7 +38,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ beside tfswap/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # research/ beside tfswap/
 from research import paper_bench  # noqa: E402
 from tfswap.core.devices import device_spec  # noqa: E402
 from tfswap.core.problem import DEFAULT_SMALL_BYTES, Problem  # noqa: E402
@@ -69,7 +69,7 @@ def lowering(name: str, batch: int, spec: str, cache: Path):
     path = cache / f"{name}-b{batch}-{spec}-lowering.pkl"
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)
-        root = str(Path(__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         subprocess.run([sys.executable, __file__, "--build", name, str(batch), spec, str(path)],

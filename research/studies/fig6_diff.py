@@ -5,14 +5,14 @@ other, when one is unsupported, or when its throughput relative to ideal
 differs by more than ``--tol`` (default 0.005: a change the two-decimal
 table shows).  The ideal row's peak (the table's "ideal GB") is compared too.
 
-With ``--variants`` (CSVs ``benchmarks/fig6_unpinned.py`` wrote), a moved cell
+With ``--variants`` (CSVs ``research/studies/fig6_unpinned.py`` wrote), a moved cell
 is attributed to the single change whose variant moves it: the "old" variant
 must reproduce the old cell and the change's variant (``+pinned``, ``+keep``,
 ``+order``, ``+threshold``) the new one, both within ``--tol``; where the old
 way no longer gives the old cell (a planner changed since the old run), that
 is said.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/fig6_diff.py benchmarks/out/fig6.csv \\
+    PYTHONPATH=. .venv/bin/python research/studies/fig6_diff.py benchmarks/out/fig6.csv \\
         benchmarks/out/fig6_problem/fig6.csv --variants benchmarks/out/fig6_problem/unpinned.csv
 """
 
@@ -23,7 +23,7 @@ import csv
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ beside tfswap/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # research/ beside tfswap/
 from research import paper_bench  # noqa: E402
 
 CHANGES = ("+pinned", "+keep", "+order", "+threshold")

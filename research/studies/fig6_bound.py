@@ -1,6 +1,6 @@
 """Issue #30: per Fig. 6 row, the bound no swap-or-recompute plan beats, beside tfswap.
 
-    PYTHONPATH=. python benchmarks/fig6_bound.py --fig6 benchmarks/out/fig6_hybrid/fig6.csv \
+    PYTHONPATH=. python research/studies/fig6_bound.py --fig6 benchmarks/out/fig6_hybrid/fig6.csv \
         [--models resnet50 ...] [--spec v100-16g-pcie3] [--max-rows 240]
         [--out benchmarks/out/fig6_bound.csv]
 
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from research import paper_bench, paper_models  # noqa: E402
 from research.hybrid_bound import NoPlanFits, step_time_bound  # noqa: E402

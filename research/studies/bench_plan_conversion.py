@@ -7,7 +7,7 @@ simulator, the reference simulator (``run_program``), the conversion to
 named swaps (``to_plan_swaps``), the whole ``plan_swaps``, and ``simulate``
 of the finished Plan.  Best of three rounds of thread CPU time.
 
-    python -m benchmarks.bench_plan_conversion [--fraction 0.333] [--sizes 10000 20000 40000]
+    python research/studies/bench_plan_conversion.py [--fraction 0.333] [--sizes 10000 20000 40000]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 
 import sys
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ beside tfswap/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # research/ beside tfswap/
 from tfswap.core import native
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import device_spec

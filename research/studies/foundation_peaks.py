@@ -1,14 +1,14 @@
 """Measured device peak and step time of the built-in steps, unmodified vs the
 peak-crossing heuristic plan, on the emulated device.
 
-    .venv/bin/python benchmarks/foundation_peaks.py [--swaps 3] [--runs 5]
+    .venv/bin/python research/studies/foundation_peaks.py [--swaps 3] [--runs 5]
 """
 
 import argparse
 
 import sys
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ beside tfswap/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # research/ beside tfswap/
 from tfswap.tf import emulate
 
 emulate.setup()
