@@ -1,28 +1,46 @@
-"""Issue #30 on the emulated device: hybrid (swap or recompute) against swap-only plans.
+"""Issues #30 and #40 on the emulated device: tfswap's plans against the unmodified
+step, swap-only plans and ``tf.recompute_grad``.
 
-    .venv/bin/python benchmarks/hybrid.py [--models cnn,bert,resnet50] [--fraction 0.6]
-        [--link-bandwidth 50e6] [--parameters device] [--generations 5] [--runs 5]
-        [--rounds 3] [--planner tfswap.ga] [--out benchmarks/out/hybrid.csv]
+    .venv/bin/python benchmarks/hybrid.py [--models cnn,bert,resnet50] [--fractions 0.6]
+        [--plans swap-only,hybrid] [--checkpoint] [--link-bandwidth 50e6]
+        [--parameters device] [--generations 5] [--runs 5] [--rounds 3]
+        [--planner tfswap.ga] [--out benchmarks/out/hybrid.csv]
+    # issue #40, second criterion: the default planner at 60% and 40%
+    .venv/bin/python benchmarks/hybrid.py --models cnn,bert,transformer,lstm4 \
+        --fractions 0.6,0.4 --plans hybrid --checkpoint --out benchmarks/out/hybrid_40.csv
 
-Per model, at ``--fraction`` of the unmodified step's measured peak, two plans
-from ``tfswap.optimize(..., device_spec=cpu_emulated(link_bytes_per_s=B))``:
-``recompute=False`` (swap-only) and ``recompute=True`` (hybrid).  Each is
-rewritten with the same emulated link (``rewrite(...,
-emulated_link_bytes_per_s=B)``: a copy completes when a link of B bytes/s
-each way would have moved it) and measured: the median of ``--runs`` traced
-runs, the two plans alternating ``--rounds`` times; the hybrid/swap-only
-ratio is given per round.  Also: the measured peak against the budget, the
-plan's recomputations and round trips, and whether 3 training steps of the
-hybrid are bit-identical to the unmodified function's.
+Per model and fraction of the unmodified step's measured peak (the budget),
+the plans of ``--plans`` from ``tfswap.optimize(...,
+device_spec=cpu_emulated(link_bytes_per_s=B))``: ``swap-only``
+(``recompute=False``) and ``hybrid`` (``recompute=True``, optimize's default);
+``--planner`` is passed to optimize only when given (without it: the default
+planner, the fastest of them all).  Each is rewritten with the same emulated
+link (``rewrite(..., emulated_link_bytes_per_s=B)``: a copy completes when a
+link of B bytes/s each way would have moved it) and measured: the median of
+``--runs`` traced runs, the plans alternating ``--rounds`` times with the
+unmodified step (``plan`` "unmodified", the reference) and, with
+``--checkpoint``, the same model's step with ``tf.recompute_grad`` around each
+block (``plan`` "checkpoint", ``tf_peers.checkpointed``; its measured peak says
+whether it fits the budget).  Per round, each plan's time over the unmodified
+step's (``vs_unmodified_rounds``) and the hybrid's over swap-only's
+(``ratio_rounds``).  Also: the measured peak against the budget, the plan's
+recomputations and round trips, the bytes it moves each way, its predicted
+time against the lower bound of its schedule that the report prints
+(``bound_s``, ``predicted_vs_bound``), every planner's predicted time where the
+default planner ran (``candidates``), and whether 3 training steps are
+bit-identical to the unmodified function's.  A plan whose ``optimize`` raises
+gets a row with ``error`` (why) and is not timed.
 """
 
 import argparse
 import csv
+import re
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tfswap.tf import emulate  # noqa: E402
 
@@ -39,96 +57,174 @@ MODELS = {"cnn": lambda: zoo.cnn(batch=32), "bert": lambda: zoo.bert(batch=16),
           "resnet50": lambda: zoo.resnet50(batch=8, image=64),
           # activations well above the parameters and Adam state (283 MB), so they
           # stay on the device and the link carries activations
-          "resnet50_b32": lambda: zoo.resnet50(batch=32, image=64)}
-COLUMNS = ("model", "plan", "budget_bytes", "round_trips", "recomputes", "predicted_peak_bytes",
-           "optimize_measured_peak_bytes", "predicted_step_s",
-           "measured_step_s", "ratio_rounds", "measured_peak_bytes", "identical")
+          "resnet50_b32": lambda: zoo.resnet50(batch=32, image=64),
+          # benchmarks/gpu_validate.py's --small sizes
+          "transformer": lambda: zoo.transformer(batch=16, seq=64, dim=64, heads=4, layers=2,
+                                                 vocab=256),
+          "lstm4": lambda: zoo.lstm(batch=64, steps=8, features=16, units=32, layers=4)}
+PLANS = ("swap-only", "hybrid")
+COLUMNS = ("model", "fraction", "plan", "budget_bytes", "round_trips", "recomputes",
+           "swap_out_bytes", "swap_in_bytes", "predicted_peak_bytes",
+           "optimize_measured_peak_bytes", "predicted_step_s", "ideal_s", "bound_s",
+           "predicted_vs_bound", "measured_step_s", "step_s_rounds", "vs_unmodified_rounds",
+           "vs_unmodified_median", "ratio_rounds", "measured_peak_bytes", "within_budget",
+           "identical", "planner", "candidates", "error", "load")
 
 
 def state(step) -> list:
     return [v.numpy() for v in list(step.model.weights) + list(step.optimizer.variables)]
 
 
-def run(name: str, args) -> list[dict]:
+def load() -> str:
+    """The 1-minute load average (the machine may be shared)."""
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return ""
+
+
+def bound_of(notes) -> tuple:
+    """(lower bound s, predicted / bound) from the report's note, or (None, None)."""
+    for note in notes:
+        found = re.search(r"lower bound ([0-9.e+-]+) ms.*predicted at ([0-9.]+)x it", note)
+        if found:
+            return float(found.group(1)) / 1e3, float(found.group(2))
+    return None, None
+
+
+def run(name: str, fraction: float, args) -> list[dict]:
     reference = MODELS[name]()
     captured = capture.capture(reference.concrete_fn)
-    budget = int(args.fraction * measure.measure(captured, captured.graph_def, reference.batch,
-                                                 inter_op_threads=1).peak_bytes)
+    budget = int(fraction * measure.measure(captured, captured.graph_def, reference.batch,
+                                            inter_op_threads=1).peak_bytes)
     expected = [float(reference.concrete_fn(*reference.batch)["loss"]) for _ in range(3)]
-    made = {}
-    for plan in ("swap-only", "hybrid"):
+    options = {} if args.planner is None else dict(planner=args.planner)
+    made = {"unmodified": (reference, None, captured, captured.graph_def)}
+    failed = []
+    for plan in args.plans:
         step = MODELS[name]()
-        fast = tfswap.optimize(step.concrete_fn, budget, generations=args.generations, seed=0,
-                               workers=1, inputs=step.batch, parameters=args.parameters,
-                               planner=args.planner,
-                               recompute=plan == "hybrid", device_spec=cpu_emulated(
-                                   link_bytes_per_s=args.link_bandwidth))
-        made[plan] = (step, fast, rewrite.rewrite(
+        try:
+            fast = tfswap.optimize(step.concrete_fn, budget, generations=args.generations,
+                                   seed=0, workers=1, inputs=step.batch,
+                                   parameters=args.parameters, recompute=plan == "hybrid",
+                                   device_spec=cpu_emulated(
+                                       link_bytes_per_s=args.link_bandwidth), **options)
+        except Exception as error:   # a row that says why, and the others go on
+            failed.append(dict(model=name, fraction=fraction, plan=plan, budget_bytes=budget,
+                               error=f"{type(error).__name__}: {error}"[:500], load=load()))
+            continue
+        made[plan] = (step, fast, fast.captured, rewrite.rewrite(
             fast.captured, fast.plan, fast.device, fast.host,
             emulated_link_bytes_per_s=args.link_bandwidth).graph_def)
+    if args.checkpoint:
+        import tf_peers
+
+        step = MODELS[name]()
+        fn, _ = tf_peers.checkpointed(step)
+        checkpointed = capture.capture(fn)
+        made["checkpoint"] = (step, None, checkpointed, checkpointed.graph_def)
     times = {plan: [] for plan in made}
     peaks = {plan: 0 for plan in made}
     for _ in range(args.rounds):
-        for plan, (step, fast, graph_def) in made.items():
-            m = measure.measure(fast.captured, graph_def, step.batch, runs=args.runs)
+        for plan, (step, _, captured_, graph_def) in made.items():
+            m = measure.measure(captured_, graph_def, step.batch, runs=args.runs)
             times[plan].append(m.step_time_s)
             peaks[plan] = max(peaks[plan], m.peak_bytes)
-    ratios = [h / s for h, s in zip(times["hybrid"], times["swap-only"])]
+    if "checkpoint" in made:   # its peak at one inter-op thread, as the budget's
+        step, _, captured_, graph_def = made["checkpoint"]
+        peaks["checkpoint"] = measure.measure(captured_, graph_def, step.batch,
+                                              inter_op_threads=1).peak_bytes
+    ratios = [h / s for h, s in zip(times.get("hybrid", ()), times.get("swap-only", ()))]
     rows = []
-    for plan, (step, fast, _) in made.items():
-        # measure ran copies of the variables: the step's own are untrained.
-        losses = [float(fast(*step.batch)["loss"]) for _ in range(3)]
-        kinds = [s.kind for s in fast.plan.swaps]
-        rows.append(dict(
-            model=name, plan=plan, budget_bytes=budget, round_trips=kinds.count("round_trip"),
-            recomputes=kinds.count("recompute"),
-            predicted_peak_bytes=fast.plan.prediction.peak_bytes,
-            optimize_measured_peak_bytes=fast.measured_peak_bytes,
-            predicted_step_s=fast.plan.prediction.step_time_s,
-            measured_step_s=statistics.median(times[plan]),
-            ratio_rounds=" ".join(f"{r:.3f}" for r in ratios) if plan == "hybrid" else "",
-            measured_peak_bytes=peaks[plan],
-            identical=losses == expected and all(
-                np.array_equal(a, b) for a, b in zip(state(reference), state(step)))))
-        if fast.relocation is not None:
-            fast.restore_parameters()
-    return rows
+    for plan, (step, fast, _, _) in made.items():
+        vs = [t / u for t, u in zip(times[plan], times["unmodified"])]
+        row = dict(model=name, fraction=fraction, plan=plan, budget_bytes=budget,
+                   measured_step_s=statistics.median(times[plan]),
+                   step_s_rounds=" ".join(f"{t:.6f}" for t in times[plan]),
+                   vs_unmodified_rounds=" ".join(f"{r:.3f}" for r in vs),
+                   vs_unmodified_median=statistics.median(vs),
+                   ratio_rounds=" ".join(f"{r:.3f}" for r in ratios) if plan == "hybrid" else "",
+                   measured_peak_bytes=peaks[plan], within_budget=peaks[plan] <= budget,
+                   load=load())
+        if fast is not None:
+            # measure ran copies of the variables: the step's own are untrained.
+            losses = [float(fast(*step.batch)["loss"]) for _ in range(3)]
+            kinds = [s.kind for s in fast.plan.swaps]
+            prediction = fast.plan.prediction
+            bound_s, vs_bound = bound_of(fast.notes)
+            row.update(
+                round_trips=kinds.count("round_trip"), recomputes=kinds.count("recompute"),
+                swap_out_bytes=prediction.swap_out_bytes, swap_in_bytes=prediction.swap_in_bytes,
+                predicted_peak_bytes=prediction.peak_bytes,
+                optimize_measured_peak_bytes=fast.measured_peak_bytes,
+                predicted_step_s=prediction.step_time_s, ideal_s=prediction.ideal_time_s,
+                bound_s=bound_s, predicted_vs_bound=vs_bound, planner=fast.plan.planner,
+                candidates="; ".join(c.describe() for c in fast.candidates),
+                identical=losses == expected and all(
+                    np.array_equal(a, b) for a, b in zip(state(reference), state(step))))
+            if fast.relocation is not None:
+                fast.restore_parameters()
+        rows.append(row)
+    return rows + failed
+
+
+def describe(row: dict) -> str:
+    if row.get("error"):
+        return (f"{row['model']:11s} {row['fraction']:.2f} {row['plan']:10s} budget "
+                f"{row['budget_bytes']} B: FAILED {row['error']} [load {row['load']}]")
+    ms = row["measured_step_s"] * 1e3
+    text = (f"{row['model']:11s} {row['fraction']:.2f} {row['plan']:10s} budget "
+            f"{row['budget_bytes']} B: measured {ms:.1f} ms, peak {row['measured_peak_bytes']} B "
+            f"({'within' if row['within_budget'] else 'OVER'}), x unmodified by round "
+            f"{row['vs_unmodified_rounds']}")
+    if row.get("predicted_step_s") is not None:
+        text += (f"; {row['planner']}: {row['round_trips']} round trips, {row['recomputes']} "
+                 f"recomputes, {row['swap_out_bytes']} B out; predicted "
+                 f"{row['predicted_step_s'] * 1e3:.1f} ms (bound "
+                 f"{(row['bound_s'] or 0) * 1e3:.1f} ms, {row['predicted_vs_bound']}x), peak "
+                 f"predicted {row['predicted_peak_bytes']} B, optimize measured "
+                 f"{row['optimize_measured_peak_bytes']} B with instant copies; identical "
+                 f"{row['identical']}" + (f"; hybrid/swap-only by round: {row['ratio_rounds']}"
+                                          if row["ratio_rounds"] else "")
+                 + (f"; planners: {row['candidates']}" if row["candidates"] else ""))
+    return text + f" [load {row['load']}]"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="cnn,bert,resnet50")
-    parser.add_argument("--fraction", type=float, default=0.6)
+    parser.add_argument("--fractions", "--fraction", default="0.6",
+                        help="fractions of the unmodified step's measured peak, e.g. 0.6,0.4")
+    parser.add_argument("--plans", default=",".join(PLANS),
+                        help=f"optimize's plans, of {PLANS}")
+    parser.add_argument("--checkpoint", action="store_true",
+                        help="also time tf.recompute_grad around each block")
     parser.add_argument("--link-bandwidth", type=float, default=50e6)
     parser.add_argument("--parameters", default="device", choices=("device", "auto", "host"))
     parser.add_argument("--generations", type=int, default=5)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--planner", default="tfswap",
-                        help="optimize's planner: tfswap (the default, the fastest of them "
-                             "all) or a registered one for an ablation, e.g. tfswap.ga (the "
-                             "genetic search alone)")
+    parser.add_argument("--planner", default=None,
+                        help="optimize's planner; not given: optimize's default (tfswap, the "
+                             "fastest of them all); a registered one for an ablation, e.g. "
+                             "tfswap.ga (the genetic search alone)")
     parser.add_argument("--out", default="benchmarks/out/hybrid.csv")
     args = parser.parse_args()
-    rows = []
-    for name in args.models.split(","):
-        for row in run(name, args):
-            rows.append(row)
-            print(f"{row['model']:9s} {row['plan']:9s} budget {row['budget_bytes']} B: "
-                  f"{row['round_trips']} round trips, {row['recomputes']} recomputes; "
-                  f"predicted {row['predicted_step_s'] * 1e3:.1f} ms, measured "
-                  f"{row['measured_step_s'] * 1e3:.1f} ms, peak {row['measured_peak_bytes']} B "
-                  f"(predicted {row['predicted_peak_bytes']} B, optimize measured "
-                  f"{row['optimize_measured_peak_bytes']} B with instant copies), "
-                  f"identical {row['identical']}"
-                  + (f"; hybrid/swap-only by round: {row['ratio_rounds']}"
-                     if row["ratio_rounds"] else ""), flush=True)
+    args.plans = [p for p in args.plans.split(",") if p]
+    if any(p not in PLANS for p in args.plans):
+        parser.error(f"--plans: of {PLANS}, got {args.plans}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    rows = []
+    for name in args.models.split(","):
+        for fraction in (float(f) for f in args.fractions.split(",")):
+            for row in run(name, fraction, args):
+                rows.append(row)
+                print(describe(row), flush=True)
+            with out.open("w", newline="") as f:   # after each model: a partial run keeps rows
+                writer = csv.DictWriter(f, fieldnames=COLUMNS)
+                writer.writeheader()
+                writer.writerows(rows)
     print(f"wrote {out}")
 
 

@@ -219,3 +219,35 @@ def test_bad_arguments_say_what_to_do(step):
         baselines.vdnn(g, peak, SPEC, layers="every")
     with pytest.raises(ValueError, match="memory"):
         baselines.ideal(g, peak, SPEC, memory="bfc")
+
+
+def test_recompute_only_skips_a_buffer_written_in_place_since_its_producer():
+    """f1's buffer is overwritten in place by r1 (a ReLU, not recomputable) before
+    its longest gap: running f1 again would not make the value b1 reads (a CNN's
+    gradient Tile, then its ReluGrad in the same buffer: the rewrite refused it)."""
+    nbytes, t = 64 * MB, 0.05
+    ops = [Op("x", "Placeholder", phase="forward"),
+           Op("f1", "Conv2D", ("x:0",), time_s=t, phase="forward"),
+           Op("r1", "Relu", ("f1:0",), time_s=t, phase="forward"),
+           Op("f2", "Conv2D", ("r1:0",), time_s=t, phase="forward"),
+           Op("f3", "Conv2D", ("f2:0",), time_s=t, phase="forward"),
+           Op("loss", "Loss", ("f3:0",), time_s=t, phase="forward"),
+           Op("b3", "Conv2DBackpropInput", ("loss:0", "f3:0"), time_s=t, phase="backward"),
+           Op("b2", "Conv2DBackpropInput", ("b3:0", "f2:0"), time_s=t, phase="backward"),
+           Op("b1", "Conv2DBackpropInput", ("b2:0", "r1:0", "x:0"), time_s=t,
+              phase="backward")]
+    tensors = [Tensor("x:0", nbytes, kind="input"), Tensor("f1:0", nbytes),
+               Tensor("r1:0", nbytes, alias_of="f1:0"), Tensor("f2:0", nbytes),
+               Tensor("f3:0", nbytes), Tensor("loss:0", nbytes, kind="gradient"),
+               Tensor("b3:0", nbytes, kind="gradient"), Tensor("b2:0", nbytes, kind="gradient"),
+               Tensor("b1:0", nbytes, kind="gradient")]
+    g = DataflowGraph.build(ops, tensors)
+    peak = baselines.ideal(g, 1, SPEC).prediction.peak_bytes
+    allowed = frozenset(op.name for op in g.ops if op.name != "r1")
+    for recomputable in (allowed, None):
+        try:
+            plan = baselines.recompute_only(g, peak - 32 * MB, SPEC, recomputable=recomputable)
+        except Infeasible:
+            continue
+        assert not [s for s in plan.swaps if s.kind == "recompute"
+                    and s.tensor in ("f1:0", "r1:0")], plan.swaps

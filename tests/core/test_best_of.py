@@ -166,3 +166,23 @@ def test_a_contest_keeps_the_earlier_of_two_equal_plans_and_says_why_others_did_
     assert "parameters on the host" in c.describe()
     with pytest.raises(ValueError):   # a bad argument is not "does not fit"
         contest.enter("d", lambda: planners.run("tfswap.order", problem, -1, SPEC))
+
+
+def test_a_plan_the_simulator_rejects_warns_and_leaves_the_others_to_serve():
+    # A planner bug (a recomputation pass whose plan waits for itself, seen once on
+    # a 4-layer LSTM at 200 MB/s) must not cost the user the other planners' plans.
+    from tfswap.core.simulator import Deadlock
+
+    problem = _problem(120, 1)
+    budget = int(_peak(problem) * 0.7)
+    order = planners.run("tfswap.order", problem, budget, SPEC)
+    contest = best_of.Contest()
+
+    def stuck():
+        raise Deadlock("swap-in waits for itself")
+
+    with pytest.warns(RuntimeWarning, match="planner bug"):
+        assert contest.enter("broken", stuck) is None
+    contest.enter("tfswap.order", lambda: order)
+    assert contest.winner() is order
+    assert "rejected by the simulator" in contest.candidates[0].describe()

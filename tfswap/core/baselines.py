@@ -69,6 +69,7 @@ from tfswap.core.devices import DeviceSpec, check_planner_arguments
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.infeasible import Infeasible, InfeasibleAllocation
 from tfswap.core.plan import Allocation, Plan, Prediction
+from tfswap.core.recompute import chain_index
 from tfswap.core.program import (InRec, OutRec, Program, RecomputeRec, _uses_by_position,
                                  canonical, to_plan_swaps)
 from tfswap.core.simulator import PlanError, SimResult, run_program, try_program
@@ -455,11 +456,17 @@ def _capuchin_choice(s: _Setting, target: int, recompute: bool, swap: bool = Tru
         if cand[0] >= 0:
             add_swap(*cand)
     if recompute and live.max() > target:
+        index = chain_index(cg, s.order)
         rec = []
         for ft, b, a, c, q, p in swaps:
             o = producer.get(b)
             if o is None or cg.op_time[o] <= 0 or (
                     recomputable is not None and s.graph.ops[o].name not in recomputable):
+                continue
+            # The producer alone makes the value dropped after op a only where no
+            # op wrote the buffer in place (or viewed it) since: a CNN's gradient
+            # Tile, then its ReluGrad in the same buffer, is not made again by Tile.
+            if index.value_ops(cg, b, a) != [o]:
                 continue
             ins_o = cg.op_in[cg.op_in_ptr[o]:cg.op_in_ptr[o + 1]].tolist()
             if all(cg.buf_persistent[x] or (s.uses[x] and s.uses[x][0] <= c <= s.uses[x][-1])

@@ -23,11 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+import warnings
+
 from tfswap.core import byte_planner
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.infeasible import Infeasible, UnsupportedProblem
 from tfswap.core.plan import Plan
 from tfswap.core.problem import Problem
+from tfswap.core.simulator import PlanError
 
 # The byte-cap planner's prefetch rule, tried each way: as early as memory
 # allows (None), and no earlier than 4 copy times before the reader, which
@@ -59,8 +62,10 @@ class Contest:
 
     ``enter(name, run)`` calls ``run()`` (which returns an object with a
     ``plan``), records the outcome and returns the result, or None where the
-    planner raised :class:`Infeasible` or :class:`UnsupportedProblem`.  A tie
-    keeps the earlier entrant.
+    planner raised :class:`Infeasible` or :class:`UnsupportedProblem`, or where
+    the simulator rejected what it made (:class:`~tfswap.core.simulator.PlanError`,
+    a planner bug: a warning says so, and the other planners' plans still serve).
+    A tie keeps the earlier entrant.
     """
 
     def __init__(self):
@@ -71,6 +76,12 @@ class Contest:
         try:
             result = run()
         except (Infeasible, UnsupportedProblem) as err:
+            self._entries.append((name, None, err))
+            return None
+        except PlanError as err:
+            warnings.warn(f"planner {name!r}: the simulator rejected its plan ({err}); the "
+                          "other planners' plans are used. This is a planner bug: please "
+                          "report it with the step", RuntimeWarning, stacklevel=2)
             self._entries.append((name, None, err))
             return None
         self._entries.append((name, result, None))
@@ -104,6 +115,8 @@ def _time(result) -> float:
 def _why_not(err: Exception | None) -> str:
     if err is None:
         return ""
+    if isinstance(err, PlanError):
+        return f"rejected by the simulator ({err})"
     return "does not fit" if isinstance(err, Infeasible) else f"cannot plan this step ({err})"
 
 
