@@ -19,11 +19,10 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
-
-import warnings
 
 from tfswap.core import byte_planner
 from tfswap.core.devices import DeviceSpec

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
@@ -141,20 +142,21 @@ def _recompute_order(order, recs, ops_of=lambda r: r.ops) -> tuple[RecomputeRec,
 
 # id(order) -> (order, op -> position, ops -> their last position): the last few.
 _POSITIONS: dict[int, tuple] = {}
+_POSITIONS_LOCK = threading.Lock()
 
 
 def _positions(order) -> tuple[dict, dict]:
     """Each op's position in ``order``, and a cache of the last position of a
     recomputation's ops (kept for the last few orders, by identity: the
     recomputation pass orders the records of many trials of one order)."""
-    got = _POSITIONS.get(id(order))
-    if got is not None and got[0] is order:
+    with _POSITIONS_LOCK:   # background searches (one per step signature) share it
+        got = _POSITIONS.get(id(order))
+        if got is None or got[0] is not order:
+            got = (order, {op: k for k, op in enumerate(order)}, {})
+            if len(_POSITIONS) >= 8:
+                _POSITIONS.pop(next(iter(_POSITIONS)))
+            _POSITIONS[id(order)] = got
         return got[1], got[2]
-    pos = {op: k for k, op in enumerate(order)}
-    if len(_POSITIONS) >= 8:
-        _POSITIONS.pop(next(iter(_POSITIONS)))
-    _POSITIONS[id(order)] = (order, pos, {})
-    return pos, _POSITIONS[id(order)][2]
 
 
 def remade_for_remakes(cg: CompiledGraph, prog: Program) -> tuple[RecomputeRec, ...]:
