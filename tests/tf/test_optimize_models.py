@@ -80,11 +80,14 @@ def test_the_plan_is_no_slower_than_the_single_heuristic_plan_nor_any_planners(o
     assert planned and time_s == min(planned)
     assert [c.planner for c in fast.candidates if c.chosen] == [fast.plan.planner]
     # Where the search found a pool, its first individual is the heuristic plan
-    # (TF's order, the default pool); where it found none, tfswap.order's is.
+    # (TF's order, the default pool); where it found none (on some traces no
+    # size-class pool fits the LSTM at 50%), the candidates say so and another
+    # planner's plan serves.
     if fast.search is not None:
         assert time_s <= fast.search.heuristic_time_s * (1 + 1e-9)
     else:
-        assert "tfswap.order" in [c.planner for c in fast.candidates if c.step_time_s]
+        ga = next(c for c in fast.candidates if c.planner == "tfswap.ga")
+        assert ga.step_time_s is None and ga.why_not
 
 
 def test_host_homed_parameters_are_fetched_and_stay_in_host_memory(optimized):
