@@ -184,9 +184,10 @@ def test_a_round_trip_brought_back_early_for_another_recomputation_stays_a_round
 def test_a_chain_never_reads_a_value_its_buffer_no_longer_holds(in_place):
     """b = 2a is recomputed for the backward, which also reads a's buffer.  Where
     relu(a) was written into that buffer after b (in place), a's value is gone:
-    TF would keep it alive for the recomputation and allocate relu's output
-    afresh, which the model would not count, so no chain reads it."""
+    the chain makes a again too, in the buffer's fresh copy (reading the buffer
+    would read relu's value), and holds that copy while it runs."""
     from tfswap.core.graph import DataflowGraph, Op, Tensor
+    from tfswap.core.program import RecomputeRec, fresh_copies
     from tfswap.core.recompute import ChainIndex, value_chain
 
     nbytes = 2 << 20
@@ -194,7 +195,8 @@ def test_a_chain_never_reads_a_value_its_buffer_no_longer_holds(in_place):
            Op("a", "MatMul", inputs=("x:0",), time_s=1e-3, phase="forward"),
            Op("b", "Mul", inputs=("a:0",), time_s=1e-4, phase="forward"),
            Op("c", "Relu", inputs=("a:0",), time_s=1e-4, phase="forward"),
-           Op("d", "Grad", inputs=("b:0", "c:0", "a:0"), time_s=1e-3, phase="backward")]
+           Op("d", "Grad", inputs=("b:0", "c:0", "a:0", "x:0"), time_s=1e-3,
+              phase="backward")]
     tensors = [Tensor("x:0", nbytes, kind="input"), Tensor("a:0", nbytes),
                Tensor("b:0", nbytes), Tensor("c:0", nbytes, alias_of="a:0" if in_place else ""),
                Tensor("d:0", nbytes, kind="gradient")]
@@ -205,7 +207,10 @@ def test_a_chain_never_reads_a_value_its_buffer_no_longer_holds(in_place):
     index = ChainIndex(cg, order)
     b = int(cg.tensor_buffer[[t.name for t in graph.tensors].index("b:0")])
     chain = value_chain(cg, index, b, upto=2, need=4)
-    assert chain is None if in_place else [graph.ops[o].name for o in chain] == ["b"]
+    assert [graph.ops[o].name for o in chain] == (["a", "b"] if in_place else ["b"])
+    a = int(cg.tensor_buffer[[t.name for t in graph.tensors].index("a:0")])
+    rec = RecomputeRec(b, 0, 4, chain)
+    assert fresh_copies(cg, order, rec) == ({a: int(cg.buf_fresh[a])} if in_place else {})
 
 
 def test_trial_programs_built_in_place_equal_the_canonical_ones(swapped):

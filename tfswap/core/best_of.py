@@ -156,7 +156,14 @@ def byte_planned(problem: Problem, budget_bytes: int, spec: DeviceSpec,
                 if (plan.schedule, plan.swaps) in polished:
                     continue
                 polished.add((plan.schedule, plan.swaps))
-                got = polish(plan)
+                try:
+                    got = polish(plan)
+                except PlanError as err:   # the plan, read back, is not what was scanned
+                    warnings.warn(f"byte planner: a plan read back from its swaps was rejected "
+                                  f"by the simulator ({err}); kept the others. This is a "
+                                  "planner bug: please report it with the graph",
+                                  RuntimeWarning, stacklevel=2)
+                    continue
                 if best is None or got.prediction.step_time_s < best.prediction.step_time_s:
                     best = got
     if best is None:

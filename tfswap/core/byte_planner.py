@@ -189,10 +189,20 @@ def _flat(lists) -> tuple[np.ndarray, np.ndarray]:
     return ptr, np.asarray([b for x in lists for b in x] or [0], np.int32)
 
 
-def _chain_buffers(cg: CompiledGraph, ops) -> tuple[set[int], list[int]]:
-    """The buffers ``ops`` make, and the others they read (ascending)."""
+def _chain_buffers(cg: CompiledGraph, ops, b: int, need: int,
+                   last_use) -> tuple[set[int], list[int]]:
+    """The buffers ``ops`` make when they make ``b`` again before position ``need``,
+    and the others they read (ascending): a buffer the step still holds then
+    (``last_use``: the order's, :func:`tfswap.core.program.last_uses`) is made in
+    its fresh copy (:func:`tfswap.core.program.fresh_copies`)."""
     made = {int(x) for op in ops for x in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]}
     read = {int(x) for op in ops for x in cg.op_in[cg.op_in_ptr[op]:cg.op_in_ptr[op + 1]]}
+    fresh = cg.buf_fresh
+    copies = {x: int(fresh[x]) for x in made
+              if x != b and fresh[x] >= 0 and last_use[x] >= need}
+    if copies:
+        made = {copies.get(x, x) for x in made}
+        read = {copies.get(x, x) for x in read}
     return made, sorted(read - made)
 
 
@@ -227,10 +237,12 @@ class _Chains:
         (the chain id of each use slot, its time, the buffers each chain makes, the
         others it reads), and the ops of each chain id in ``self.chain_ops``.  A
         scan asks for the chain of a buffer at its next use, so one per slot of
-        ``static.uses`` but a buffer's first."""
+        ``static.uses`` but a buffer's first.  One id per ops and buffers made
+        (the same ops make a fresh copy at one position and not at another)."""
         got = self.__dict__.get("_native")
         if got is None:
-            ids = self.chain_ids = {}   # the ops of a chain -> its id (chain_ops[id])
+            self.chain_ids, self.chain_ops = {}, []
+            self._made_l, self._inp_l = [], []
             slot, times = [], []
             for b, u in enumerate(static.uses):
                 for c, need in enumerate(u):
@@ -238,21 +250,32 @@ class _Chains:
                     if chain is None:
                         slot.append(-1)
                         continue
-                    cid = ids.get(chain[0])
-                    if cid is None:
-                        cid = ids[chain[0]] = len(ids)
+                    cid, _, _ = self._chain_id(chain[0], b, need)
+                    if cid == len(times):
                         times.append(chain[1])
                     slot.append(cid)
-            self.chain_ops = list(ids)
-            made_l, inp_l = [], []
-            for ops in self.chain_ops:
-                made, inputs = _chain_buffers(self.cg, ops)
-                made_l.append(sorted(made))
-                inp_l.append(inputs)
             arrays = (np.asarray(slot or [0], np.int32), np.asarray(times or [0.0], np.float64),
-                      *_flat(made_l), *_flat(inp_l))
+                      *_flat(self._made_l), *_flat(self._inp_l))
             got = self.__dict__["_native"] = arrays
         return got
+
+    def _chain_id(self, ops, b: int, need: int) -> tuple[int, list[int], list[int]]:
+        """The id of ``ops`` making ``b`` again before ``need`` (a new one: the next),
+        the buffers it makes and the others it reads."""
+        made, inputs = self.buffers(ops, b, need)
+        made = sorted(made)
+        key = (ops, tuple(made))
+        cid = self.chain_ids.get(key)
+        if cid is None:
+            cid = self.chain_ids[key] = len(self.chain_ops)
+            self.chain_ops.append(ops)
+            self._made_l.append(made)
+            self._inp_l.append(inputs)
+        return cid, made, inputs
+
+    def buffers(self, ops, b: int, need: int) -> tuple[set[int], list[int]]:
+        """:func:`_chain_buffers` of ``ops`` making ``b`` again before ``need``."""
+        return _chain_buffers(self.cg, ops, b, need, self.index.last_use)
 
     def native_at(self, b: int, need: int):
         """:meth:`at` for the native scan (after :meth:`native_args`): (chain id,
@@ -261,12 +284,8 @@ class _Chains:
         got = self.at(b, need)
         if got is None:
             return None
-        cid = self.chain_ids.get(got[0])
-        if cid is None:
-            cid = self.chain_ids[got[0]] = len(self.chain_ops)
-            self.chain_ops.append(got[0])
-        made, inputs = _chain_buffers(self.cg, got[0])
-        return cid, got[1], sorted(made), inputs
+        cid, made, inputs = self._chain_id(got[0], b, need)
+        return cid, got[1], made, inputs
 
     def read_value(self, b: int, need: int) -> int | None:
         """The position that made the value of ``b`` the ops from ``need`` on read:
@@ -415,7 +434,7 @@ class _ByteScan:
         inputs brought back first (and kept there), then room for ``b`` and
         what the chain makes for itself, which it holds while that op runs."""
         j, ops, at = self.remake.pop(b)
-        made, inputs = self._chain_buffers(ops)
+        made, inputs = self._chain_buffers(ops, b, at)
         self.held[at] -= self._made_bytes(made)
         for x in inputs:
             self.readers[x].discard(b)
@@ -423,7 +442,7 @@ class _ByteScan:
             got = self.chains.at(b, k)
             ops = got[0] if got else ops
         resident = self.resident
-        made, inputs = self._chain_buffers(ops)
+        made, inputs = self._chain_buffers(ops, b, k)
         temps = sorted(made - {b})
         for x in inputs:
             self.stamp[x] = k
@@ -543,9 +562,10 @@ class _ByteScan:
             heapq.heappush(self.heap, entry)
         return evicted
 
-    def _chain_buffers(self, ops) -> tuple[set[int], list[int]]:
-        """The buffers ``ops`` make, and the others they read."""
-        return _chain_buffers(self.cg, ops)
+    def _chain_buffers(self, ops, b: int, need: int) -> tuple[set[int], list[int]]:
+        """The buffers ``ops`` make when they make ``b`` again before ``need``, and
+        the others they read (:func:`_chain_buffers`)."""
+        return self.chains.buffers(ops, b, need)
 
     def _drop_one(self, k: int) -> bool:
         """Drop the buffer cheaper to make again that comes first in the drop order
@@ -575,14 +595,14 @@ class _ByteScan:
                     j = len(self.outs) - 1
                 else:   # remade earlier than planned: for a remake that reads it
                     j, old, was = self.remake[x]
-                    made, inputs = self._chain_buffers(old)
+                    made, inputs = self._chain_buffers(old, x, was)
                     self.held[was] -= self._made_bytes(made)
                     self.temps_for.difference_update((t, was) for t in made if t != x)
                     for i in inputs:
                         self.readers[i].discard(x)
                 self.remake[x] = (j, ops, at)
             for x, (at, ops) in remakes.items():
-                made, inputs = self._chain_buffers(ops)
+                made, inputs = self._chain_buffers(ops, x, at)
                 self.held[at] = self.held.get(at, 0) + self._made_bytes(made)
                 self.temps_for.update((t, at) for t in made if t != x)
                 for i in inputs:
@@ -622,7 +642,7 @@ class _ByteScan:
         while todo:
             y = todo.pop()
             at_y, ops_y = remakes[y]
-            for x in self._chain_buffers(ops_y)[1]:
+            for x in self._chain_buffers(ops_y, y, at_y)[1]:
                 if x == b:
                     return None
                 was = remakes[x][0] if x in remakes else \
@@ -636,7 +656,7 @@ class _ByteScan:
         temps, freed = set(), set()
         held = {}   # position -> the bytes its remakes make, after this drop
         for x, (at_x, ops_x) in remakes.items():
-            made = self._chain_buffers(ops_x)[0]
+            made = self._chain_buffers(ops_x, x, at_x)[0]
             for t in made:
                 if t != x:
                     if (t, at_x) in temps:
@@ -644,7 +664,8 @@ class _ByteScan:
                     temps.add((t, at_x))
             held[at_x] = held.get(at_x, self.held.get(at_x, 0)) + self._made_bytes(made)
             if x != b:
-                was, old = self.remake[x][2], self._chain_buffers(self.remake[x][1])[0]
+                was = self.remake[x][2]
+                old = self._chain_buffers(self.remake[x][1], x, was)[0]
                 freed.update((t, was) for t in old if t != x)
                 held[was] = held.get(was, self.held.get(was, 0)) - self._made_bytes(old)
         if any(t in self.temps_for and t not in freed for t in temps):

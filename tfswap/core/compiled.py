@@ -59,6 +59,11 @@ class CompiledGraph:
     small_first_op: np.ndarray   # int32 [S]: allocating op (-1 for persistent)
     small_use_ptr: np.ndarray    # int32 [S+1], CSR into small_use
     small_use: np.ndarray        # int32: ops that read a small buffer
+    # int32 [B]: the buffer a recomputation makes this one's value in where the
+    # step still holds this one then (its own value since written over in
+    # place, or a sibling output of a multi-output op the chain runs): a fresh
+    # copy "<name>:again" of the same size, which no op of the step uses; -1: none.
+    buf_fresh: np.ndarray = None
 
     def __getstate__(self) -> dict:
         # Caches kept beside the fields (the native planner's arguments) hold
@@ -70,6 +75,8 @@ class CompiledGraph:
     def __setstate__(self, state: dict) -> None:
         # Problems saved before __getstate__ existed carry the cache too.
         self.__dict__.update({k: v for k, v in state.items() if not k.startswith("_")})
+        if self.__dict__.get("buf_fresh") is None:   # saved before fresh copies existed
+            self.__dict__["buf_fresh"] = np.full(len(self.buf_bytes), -1, dtype=np.int32)
 
     @property
     def n_ops(self) -> int:
@@ -174,6 +181,28 @@ class CompiledGraph:
         for lst in (persistent, modified, kept):
             lst.extend([False] * len(scratch_names))
         pinned.extend([True] * len(scratch_names))  # scratch is in use while it lives
+        # A fresh copy for each buffer a recomputation may have to make while the
+        # step holds it: one written in place (several members), or one of
+        # several an op makes (a Split's slices).
+        producer, outputs_of = {}, [0] * len(graph.ops)
+        for k in range(len(graph.ops)):
+            for b in op_out[op_out_ptr[k]:op_out_ptr[k + 1]]:
+                if b < n_pool_tensor_bufs:   # not its scratch
+                    producer[b] = k
+                    outputs_of[k] += 1
+        fresh = [-1] * len(names)
+        for r, b in buf_of_root.items():
+            if persistent[b] or tensors[r].kind in PERSISTENT_KINDS:
+                continue
+            k = producer.get(b)
+            if len(members[r]) > 1 or (k is not None and outputs_of[k] > 1):
+                fresh[b] = len(names)
+                fresh.append(-1)
+                names.append(f"{names[b]}:again")
+                nbytes.append(nbytes[b])
+                for lst in (persistent, modified, kept):
+                    lst.append(False)
+                pinned.append(True)   # in use while the chain that makes it runs
 
         buf_bytes = np.asarray(nbytes, dtype=np.int64)
         ts = tuple(int(s) for s in np.unique(buf_bytes))
@@ -195,7 +224,7 @@ class CompiledGraph:
             op_in_write=i8(op_in_write), op_out_ptr=i32(op_out_ptr), op_out=i32(op_out),
             tensor_buffer=tensor_buffer, small_bytes=np.asarray(s_bytes, dtype=np.int64),
             small_persistent=i8(s_pers), small_first_op=i32(s_first), small_use_ptr=use_ptr,
-            small_use=i32([k for u in small_uses for k in u]))
+            small_use=i32([k for u in small_uses for k in u]), buf_fresh=i32(fresh))
 
     def order_of(self, schedule: Sequence[str] | None) -> np.ndarray:
         """Op ids in schedule order; None means the graph's topological order.

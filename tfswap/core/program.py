@@ -76,6 +76,38 @@ def recompute_ops(cg: CompiledGraph, rec: RecomputeRec) -> tuple[int, ...]:
     return (int(op),)
 
 
+def fresh_copies(cg: CompiledGraph, order, rec: RecomputeRec) -> dict[int, int]:
+    """The buffers ``rec``'s ops make that the step still holds at its ``need``
+    (another value written over in place since, a sibling slice), each mapped to
+    the fresh copy (``cg.buf_fresh``) the chain makes it in instead, held while
+    the chain runs.  :func:`tfswap.core.recompute.value_chain` decides by the
+    same rule, so this is what any chain it gave makes."""
+    ops = recompute_ops(cg, rec)
+    fresh = cg.buf_fresh
+    made = [int(x) for p in ops for x in cg.op_out[cg.op_out_ptr[p]:cg.op_out_ptr[p + 1]]
+            if x != rec.buf and fresh[x] >= 0]
+    if not made:
+        return {}
+    last = last_uses(cg, order)
+    return {x: int(fresh[x]) for x in made if last[x] >= rec.need}
+
+
+def last_uses(cg: CompiledGraph, order) -> list[int]:
+    """The last position in ``order`` each buffer is read or made at (-1: never),
+    kept on ``cg`` for the last few orders."""
+    def make() -> list[int]:
+        last = [-1] * cg.n_buffers
+        in_ptr, op_in, out_ptr, op_out = cg.op_in_ptr, cg.op_in, cg.op_out_ptr, cg.op_out
+        for k, op in enumerate(order):
+            for b in op_in[in_ptr[op]:in_ptr[op + 1]]:
+                last[int(b)] = k
+            for b in op_out[out_ptr[op]:out_ptr[op + 1]]:
+                last[int(b)] = max(last[int(b)], k)
+        return last
+
+    return cg.memo("last_uses", tuple(int(o) for o in order), make)
+
+
 def _producers(cg: CompiledGraph) -> np.ndarray:
     """The first op writing each buffer (-1: none), kept on ``cg``."""
     def make() -> np.ndarray:
@@ -253,9 +285,11 @@ def _recompute_inputs(cg: CompiledGraph, rec: RecomputeRec) -> list[int]:
     key = (rec.buf, rec.ops)
     got = cache.get(key)
     if got is None:
-        got = cache[key] = sorted({int(x) for p in recompute_ops(cg, rec)
+        ops = recompute_ops(cg, rec)
+        made = {int(x) for p in ops for x in cg.op_out[cg.op_out_ptr[p]:cg.op_out_ptr[p + 1]]}
+        got = cache[key] = sorted({int(x) for p in ops
                                    for x in cg.op_in[cg.op_in_ptr[p]:cg.op_in_ptr[p + 1]]}
-                                  - {rec.buf})
+                                  - made - {rec.buf})
     return got
 
 

@@ -41,7 +41,7 @@ from tfswap.core import layout
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.plan import Plan, Prediction
 from tfswap.core.problem import Problem
-from tfswap.core.program import (OutRec, Program, RecomputeRec, _recompute_order,
+from tfswap.core.program import (OutRec, Program, RecomputeRec, _recompute_order, last_uses,
                                  buffer_classes, canonical,
                                  from_plan, inputs_back, to_plan_swaps)
 from tfswap.core.simulator import run_program, try_program, try_program_rows
@@ -72,14 +72,7 @@ class ChainIndex:
             if b >= 0:
                 self.members.setdefault(b, []).append(i)
         self.made_at = [self.position_of_op.get(t.producer, -1) for t in graph.tensors]
-        self.last_use = [-1] * cg.n_buffers
-        in_ptr, op_in = cg.op_in_ptr, cg.op_in
-        out_ptr, op_out = cg.op_out_ptr, cg.op_out
-        for k, op in enumerate(order):
-            for b in op_in[in_ptr[op]:in_ptr[op + 1]]:
-                self.last_use[int(b)] = k
-            for b in op_out[out_ptr[op]:out_ptr[op + 1]]:
-                self.last_use[int(b)] = max(self.last_use[int(b)], k)
+        self.last_use = last_uses(cg, order)
 
     def read_at(self, tensor: int) -> list[int]:
         """The positions of ``tensor``'s readers, ascending."""
@@ -107,16 +100,21 @@ def value_chain(cg, index: ChainIndex, b: int, upto: int, need: int,
                 allowed=None) -> tuple[int, ...] | None:
     """The ops, in order, that make buffer ``b``'s value as of position ``upto``
     again right before position ``need``: ``b``'s own (:meth:`ChainIndex.value_ops`)
-    and, where one reads a buffer the step no longer holds at ``need``, that
-    buffer's, for the chain alone.  None where the chain is longer than
-    MAX_CHAIN_OPS, an op of it is not in ``allowed`` (op ids; None: any), makes a
-    buffer the step still holds at ``need``, or has scratch worth planning."""
+    and, where one reads a value the step no longer holds at ``need``, that
+    value's, for the chain alone: in its own buffer where the step no longer
+    holds that, else in the buffer's fresh copy (``cg.buf_fresh``: a value since
+    written over in place; likewise a sibling output of an op of the chain that
+    the step still holds, :func:`tfswap.core.program.fresh_copies`).  None where
+    the chain is longer than MAX_CHAIN_OPS, an op of it is not in ``allowed``
+    (op ids; None: any), makes a buffer the step holds that has no fresh copy,
+    reads both a buffer's value on the device and the older one it makes again,
+    or has scratch worth planning."""
     graph = cg.graph
     ops = set(index.value_ops(cg, b, upto))
     if not ops:
         return None
     todo = list(ops)
-    temps = set()
+    fresh = cg.buf_fresh
     while todo:
         op = todo.pop()
         for name in graph.ops[op].inputs:
@@ -126,31 +124,37 @@ def value_chain(cg, index: ChainIndex, b: int, upto: int, need: int,
                 continue
             if cg.buf_persistent[x] or cg.buf_kept[x]:
                 continue
-            if index.last_use[x] >= need:
-                # On the device then, or brought back for it (inputs_back), but
-                # holding this value only if no later op made the buffer another:
-                # TF writes in place only into a value nothing else will read, so
-                # a chain reading the old one would make it allocate afresh where
-                # the model shares the buffer (a replicated BERT-style step's byte-cap
-                # plan measured 35.9 MB for 22.4 MB predicted).  (A view made later
-                # refuses the chain too: the graph does not say which is which.)
-                if index.overwritten(x, i, need):
-                    return None
+            # On the device then (or brought back for it: inputs_back) and still
+            # holding this value: read there.  TF writes in place only into a value
+            # nothing else will read, so a value since written over is made again,
+            # in a fresh copy (reading the buffer would read the newer value).
+            if index.last_use[x] >= need and not index.overwritten(x, i, need):
                 continue
-            temps.add(x)
+            if index.last_use[x] >= need and fresh[x] < 0:
+                return None
             more = [p for p in index.value_ops(cg, x, index.made_at[i]) if p not in ops]
             ops.update(more)
             todo += more
             if len(ops) > MAX_CHAIN_OPS:
                 return None
     scratch_free = max(cg.small_threshold_bytes, 1)
+    made = set()
     for op in ops:
         if allowed is not None and op not in allowed:
             return None
-        made = [int(x) for x in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]]
-        if any(x != b and x not in temps and not cg.buf_names[x].endswith(":scratch")
-               for x in made) or graph.ops[op].scratch_bytes >= scratch_free:
+        if graph.ops[op].scratch_bytes >= scratch_free:
             return None
+        for x in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]:
+            x = int(x)
+            made.add(x)
+            if x != b and index.last_use[x] >= need and fresh[x] < 0:
+                return None   # held then, and no copy to make it in
+    for op in ops:   # a buffer made again is read only as made again
+        for name in graph.ops[op].inputs:
+            i = index.tensor_of.get(name)
+            x = int(cg.tensor_buffer[i]) if i is not None else -1
+            if x >= 0 and x in made and graph.tensors[i].producer not in ops:
+                return None
     return tuple(sorted(ops, key=lambda op: index.position_of_op[op]))
 
 

@@ -70,7 +70,7 @@ from tfswap.core.devices import DeviceSpec
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.plan import Allocation, Plan
 from tfswap.core.program import (Program, _schedule_lookup, buffer_classes, from_plan,
-                                 recompute_ops)
+                                 fresh_copies, recompute_ops)
 
 
 class PlanError(RuntimeError):
@@ -356,10 +356,11 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
             drops_of[o.out_after].append(j)
     d2h_list = [j for j, o in enumerate(outs) if o.copy]
     recs_of = [[] for _ in range(n)]
-    chain = {}
+    chain, copies = {}, {}
     for r in prog.recomputes:
         recs_of[r.need].append(r)
         chain[r] = recompute_ops(cg, r)   # a buffer may be made again more than once
+        copies[r] = fresh_copies(cg, order, r)
     recompute_s = 0.0
     temps_of = [[] for _ in range(n)]   # buffers a chain made only for itself
     last = [-1] * cg.n_buffers
@@ -422,8 +423,10 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
                 raise PlanError(f"recompute of {cg.buf_names[r.buf]!r} while it is "
                                 "still on the device")
             made = {r.buf}
+            fresh = copies[r]
             for p in chain[r]:
                 for b in op_in[in_ptr[p]:in_ptr[p + 1]]:
+                    b = fresh.get(b, b)
                     if b not in made and not arrived.get(b, False):
                         raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} before op "
                                         f"{cg.graph.ops[order[kc]].name!r} reads "
@@ -431,6 +434,7 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
                 # A chain through another buffer makes it again for the chain
                 # alone: it holds memory until the op the chain runs before ends.
                 for b in op_out[out_ptr[p]:out_ptr[p + 1]]:
+                    b = fresh.get(b, b)
                     if b not in made:
                         if b in arrived:
                             raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} makes "

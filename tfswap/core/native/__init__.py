@@ -26,7 +26,8 @@ from tfswap.core.native.build import NativeLibrary
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.plan import Allocation
-from tfswap.core.program import InRec, OutRec, Program, buffer_classes, recompute_ops
+from tfswap.core.program import (InRec, OutRec, Program, buffer_classes, fresh_copies,
+                                 recompute_ops)
 
 # The byte scan's question to Python for a chain the per-slot arrays do not hold
 # (planner_sim.cc's ChainAtFn): (buffer, position, time out, buffers out) -> id.
@@ -46,7 +47,7 @@ def _configure(lib: ctypes.CDLL) -> None:
         [ctypes.c_int, p, ctypes.c_int] + [p] * 10 + [p, p, ctypes.c_int, p, p, ctypes.c_int64]
         + [ctypes.c_double] * 4 + [ctypes.c_int]
         + [ctypes.c_int, p, ctypes.c_int, p, ctypes.c_int, p, p, p, ctypes.c_int, p,
-           ctypes.c_int, p, p, p] + [p, p, p, ctypes.c_int64, p, p])
+           ctypes.c_int, p, p, p, p, p] + [p, p, p, ctypes.c_int64, p, p])
 
     lib.tfswap_place_objects.restype = ctypes.c_int
     lib.tfswap_place_objects.argtypes = [ctypes.c_int] + [p] * 6
@@ -216,6 +217,10 @@ def simulate_program(cg: CompiledGraph, prog: Program, allocation: Allocation,
     rec_ptr = np.ascontiguousarray(np.concatenate(
         [[0], np.cumsum([len(c) for c in chains], dtype=np.int64)]).astype(np.int32))
     rec_ops = _i32([op for c in chains for op in c])
+    copies = [fresh_copies(cg, prog.order, r) for r in prog.recomputes]
+    rec_fresh_ptr = np.ascontiguousarray(np.concatenate(
+        [[0], np.cumsum([len(c) for c in copies], dtype=np.int64)]).astype(np.int32))
+    rec_fresh = _i32([x for c in copies for pair in sorted(c.items()) for x in pair])
     metrics = np.zeros(2, dtype=np.float64)
     ints = np.zeros(4, dtype=np.int64)
     class_peak = np.zeros(max(1, len(counts)), dtype=np.int64)
@@ -231,7 +236,8 @@ def simulate_program(cg: CompiledGraph, prog: Program, allocation: Allocation,
         spec.duplex_bytes_per_s, float(spec.copy_latency_s), int(spec.copies_on_compute),
         len(resident), _ptr(resident), len(outs), _ptr(outs), len(ins), _ptr(ins),
         _ptr(wait_ptr), _ptr(waits), len(op_waits), _ptr(op_waits), len(recs), _ptr(recs),
-        _ptr(rec_ptr), _ptr(rec_ops), _ptr(metrics), _ptr(ints), _ptr(class_peak),
+        _ptr(rec_ptr), _ptr(rec_ops), _ptr(rec_fresh_ptr), _ptr(rec_fresh), _ptr(metrics),
+        _ptr(ints), _ptr(class_peak),
         cap, _ptr(event_t), _ptr(event_rec))
     if status == 5:
         raise RuntimeError(f"the compiled simulation made {int(ints[3])} allocation events, "

@@ -305,6 +305,9 @@ struct Program {
   // recomputations in program order (by need; one read by another first), each running rec_ops[rec_ptr[i]..].
   std::vector<int> in_wait_ptr, in_waits;
   std::vector<int> rec_buf, rec_need, rec_ptr, rec_ops;
+  // Per recomputation, (buffer, its fresh copy) pairs from rec_fresh[2 * rec_fresh_ptr[i]]:
+  // a buffer the step still holds that the chain makes again in the copy instead.
+  std::vector<int> rec_fresh_ptr, rec_fresh;
 };
 
 // canonical(): stream order and renumbering, as in program.py.
@@ -455,12 +458,20 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
               auto is_made = [&](int b) {
                 return std::find(made.begin(), made.end(), b) != made.end();
               };
+              auto copy_of = [&](int b) {
+                if (p.rec_fresh_ptr.empty()) return b;
+                for (int f = p.rec_fresh_ptr[ri]; f < p.rec_fresh_ptr[ri + 1]; ++f)
+                  if (p.rec_fresh[2 * f] == b) return p.rec_fresh[2 * f + 1];
+                return b;
+              };
               for (int q = p.rec_ptr[ri]; q < p.rec_ptr[ri + 1]; ++q) {
                 int op = p.rec_ops[q];
-                for (int i = g.in_ptr[op]; i < g.in_ptr[op + 1]; ++i)
-                  if (!is_made(g.in[i]) && where[g.in[i]] != 2) { r.status = 4; return r; }
+                for (int i = g.in_ptr[op]; i < g.in_ptr[op + 1]; ++i) {
+                  int b = copy_of(g.in[i]);
+                  if (!is_made(b) && where[b] != 2) { r.status = 4; return r; }
+                }
                 for (int i = g.out_ptr[op]; i < g.out_ptr[op + 1]; ++i) {
-                  int b = g.out[i];
+                  int b = copy_of(g.out[i]);
                   if (is_made(b)) continue;
                   if (where[b] != 0) { r.status = 4; return r; }
                   take(b);
@@ -668,7 +679,7 @@ int tfswap_simulate_program(
     int n_resident, const int32_t* resident, int n_outs, const int32_t* outs, int n_ins,
     const int32_t* ins, const int32_t* in_wait_ptr, const int32_t* in_waits, int n_waits,
     const int32_t* op_waits, int n_recs, const int32_t* recs, const int32_t* rec_ptr,
-    const int32_t* rec_ops, double* metrics, int64_t* counts_out, int64_t* class_peak,
+    const int32_t* rec_ops, const int32_t* rec_fresh_ptr, const int32_t* rec_fresh, double* metrics, int64_t* counts_out, int64_t* class_peak,
     int64_t event_cap, double* event_t, int32_t* event_rec) {
   Graph g{n_ops, n_bufs, op_time, buf_bytes, persistent, pinned, modified, kept,
           in_ptr, in, out_ptr, out, in_write};
@@ -683,6 +694,8 @@ int tfswap_simulate_program(
   for (int i = 0; i < n_recs; ++i) { p.rec_buf.push_back(recs[2 * i]); p.rec_need.push_back(recs[2 * i + 1]); }
   p.rec_ptr.assign(rec_ptr, rec_ptr + n_recs + 1);
   p.rec_ops.assign(rec_ops, rec_ops + rec_ptr[n_recs]);
+  p.rec_fresh_ptr.assign(rec_fresh_ptr, rec_fresh_ptr + n_recs + 1);
+  p.rec_fresh.assign(rec_fresh, rec_fresh + 2 * rec_fresh_ptr[n_recs]);
   // The position of each buffer's last read or write (the reference's `last`).
   std::vector<int> last(n_bufs, -1);
   for (int k = 0; k < n_ops; ++k) {
