@@ -97,7 +97,8 @@ setup(
                            sources=[
                                "tfswap/ops/swap_ops.cc", "tfswap/ops/pool_core.cc",
                                "tfswap/ops/pool_capi.cc", "tfswap/ops/pool_arena.cc",
-                               "tfswap/ops/arena_capi.cc", "tfswap/ops/pool_allocator.cc"]),
+                               "tfswap/ops/arena_capi.cc", "tfswap/ops/pool_allocator.cc",
+                               "tfswap/ops/handle_marks.cc"]),
                  Extension("tfswap.core.native._planner_sim",
                            sources=["tfswap/core/native/planner_sim.cc"]),
                  Extension("tfswap.core.native._schedule_ops",

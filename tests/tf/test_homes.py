@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import tfswap
 from tfswap import zoo
-from tfswap.tf import capture, emulate, homes, measure, runtime
+from tfswap.tf import capture, emulate, homes, measure, runtime, stale
 
 STEPS = 3
 
@@ -119,16 +119,26 @@ def test_moving_keeps_the_users_objects_and_frees_the_device_buffer():
     moved = homes.move_to_host([kernel], emulate.HOST)
     assert step.model.trainable_variables[0].value is kernel and on_host(kernel)
     np.testing.assert_array_equal(kernel.numpy(), value)
-    # The device resource now holds nothing: what still reads it reads no stale value.
-    emptied = tf.raw_ops.ReadVariableOp(resource=old_handle, dtype=kernel.dtype)
-    assert emptied.shape == (0,)
+    # What still uses the former handle fails, naming tfswap and the remedy...
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match="before tfswap moved it to host memory.*restore_parameters"):
+        tf.raw_ops.ReadVariableOp(resource=old_handle, dtype=kernel.dtype)
+    # ...and the device resource behind it holds nothing (seen through the handle revived).
+    retired = moved.moved[0].retired
+    stale.revive(old_handle, retired)
+    assert tf.raw_ops.ReadVariableOp(resource=old_handle, dtype=kernel.dtype).shape == (0,)
+    assert stale.retire(old_handle, stale.moved_message(kernel)) == retired
     kernel.assign_add(tf.ones_like(kernel))
     host_handle = kernel.handle
     moved.undo()
     assert not on_host(kernel)
     np.testing.assert_array_equal(kernel.numpy(), value + 1)
-    # Nor does the host resource once the variable is back.
-    assert tf.raw_ops.ReadVariableOp(resource=host_handle, dtype=kernel.dtype).shape == (0,)
+    np.testing.assert_array_equal(
+        tf.raw_ops.ReadVariableOp(resource=old_handle, dtype=kernel.dtype), value + 1)
+    # Nor is the host resource read once the variable is back.
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match="put back on the device.*take variable.handle again"):
+        tf.raw_ops.ReadVariableOp(resource=host_handle, dtype=kernel.dtype)
     moved.undo()                       # done already: nothing changes
     assert not on_host(kernel)
     np.testing.assert_array_equal(kernel.numpy(), value + 1)

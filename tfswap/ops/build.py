@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 SOURCES = ("swap_ops.cc", "pool_core.cc", "pool_capi.cc", "pool_arena.cc", "arena_capi.cc",
-           "pool_allocator.cc")
+           "pool_allocator.cc", "handle_marks.cc")
 # Headers are hashed with the sources (cache key) and shipped in the package.
 HEADERS = ("pool_core.h", "pool_capi.h", "pool_arena.h", "pool_stress.h", "pool_allocator.h")
 SOURCE_DIR = Path(__file__).resolve().parent

@@ -17,10 +17,11 @@ Moving keeps the user's objects: each moved ``tf.Variable`` takes the handle
 of a new variable in host memory holding its value, so Keras ``get_weights``,
 ``save``, checkpoints and callbacks read and write the host copy, and the
 device buffer is released (the old resource is left holding an empty
-tensor).  Every function traced before the move follows the variables: each
-live ``ConcreteFunction`` in the process (a ``tf.function``'s traces, Keras's
-train/test/predict functions, their concrete functions) that captured an old
-handle is given the new one, so it runs on the moved variables, its reads
+tensor, and its handle retired: see below).  Every function traced before
+the move follows the variables: each live ``ConcreteFunction`` in the
+process (a ``tf.function``'s traces, Keras's train/test/predict functions,
+their concrete functions) that captured an old handle is given the new
+one, so it runs on the moved variables, its reads
 and updates placed on the host by TensorFlow (an op on a resource runs where
 the resource lives), unplanned: every read it makes copies the value in.
 :meth:`Relocation.undo` does the reverse, so a function traced while the
@@ -33,8 +34,12 @@ because XLA cannot read a variable in host memory.  Each runs again once the
 variables are back where it was made for.
 What cannot be followed, because it is not a Python ``ConcreteFunction`` or
 variable object (a ``tf.data`` pipeline that captured a variable, a handle
-tensor the user kept), reads an empty tensor: TensorFlow's shape error, or,
-for an op that accepts an empty tensor, an empty result.
+tensor the user kept), holds a retired handle (:mod:`tfswap.tf.stale`):
+every read or write through it raises TensorFlow's error quoting tfswap's
+message (what moved, and to build the pipeline or take the handle again, or
+``restore_parameters()``), never the emptied value.  :meth:`Relocation.undo`
+revives the device handles, so such a pipeline runs again afterwards, and
+retires the host ones.
 A variable read inside a loop or branch body stays on the device: TensorFlow
 would copy it in on every read, unplanned.
 
@@ -56,6 +61,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfswap.tf import capture as capture_mod
+from tfswap.tf import stale
 from tfswap.tf.capture import CapturedFunction
 
 
@@ -73,11 +79,13 @@ class MovedVariablesError(RuntimeError):
 @dataclass(frozen=True)
 class Moved:
     """One variable moved to the host: the user's object, its former device handle
-    and the handle of its resource in host memory."""
+    (retired while the variable is moved; ``retired`` is what it gave up) and the
+    handle of its resource in host memory."""
 
     variable: tf.Variable
     device_handle: tf.Tensor
     host_handle: tf.Tensor
+    retired: stale.Identity
 
     @property
     def nbytes(self) -> int:
@@ -100,17 +108,20 @@ class Relocation:
 
         Functions holding a host handle (traced while the variables were moved,
         or traced before and re-pointed) are re-pointed to the device handles;
-        the host resources are emptied.  A variable that no longer uses this
-        relocation's host handle (undone already) is left as it is.
+        the host resources are emptied and their handles retired, and the
+        device handles revived (what kept one, a ``tf.data`` pipeline, reads
+        the variable again).  A variable that no longer uses this relocation's
+        host handle (undone already) is left as it is.
         """
         back = [m for m in self.moved if m.variable.handle is m.host_handle]
         for m in back:
             value = m.variable.read_value()
+            stale.revive(m.device_handle, m.retired)
             # The device resource holds an empty tensor: assign the full shape back.
             tf.raw_ops.AssignVariableOp(resource=m.device_handle, value=value,
                                         validate_shape=False)
             _point(m.variable, m.device_handle)
-            _empty(m.host_handle, m.variable.dtype)
+            _retire(m.host_handle, m.variable.dtype, stale.restored_message(m.variable))
         if back:
             follow({id(m.host_handle): (m.host_handle, m.device_handle, m.variable)
                     for m in back}, to_host=False)
@@ -126,11 +137,14 @@ def _point(variable, handle) -> None:
     variable._cached_value = None   # a caching_device's copy belongs to the old resource
 
 
-def _empty(handle, dtype) -> None:
-    """Free the memory of the resource behind ``handle``: whatever still reads it
-    (nothing tfswap could re-point) gets an empty tensor, never a stale value."""
+def _retire(handle, dtype, message: str) -> stale.Identity:
+    """Free the memory of the resource behind ``handle`` and retire the handle:
+    whatever still uses it (nothing tfswap could re-point) raises an error quoting
+    ``message``.  An emptied resource alone would be read as an empty tensor, a
+    wrong value with no error (``reduce_sum`` of it is 0.0)."""
     tf.raw_ops.AssignVariableOp(resource=handle, value=tf.zeros([0], dtype),
                                 validate_shape=False)
+    return stale.retire(handle, message)
 
 
 def _moved_since(variable) -> str:
@@ -285,12 +299,14 @@ def move_to_host(variables, host: str) -> Relocation:
     """Move ``variables`` (the user's ResourceVariables) to host memory in place.
 
     Each gets a new resource on ``host`` holding its value; its former device
-    resource is emptied, which frees the device memory.  Every function traced
-    before that captured a former handle is re-pointed to the new one
+    resource is emptied, which frees the device memory, and its former handle
+    retired (:mod:`tfswap.tf.stale`).  Every function traced before that
+    captured a former handle is re-pointed to the new one
     (:func:`follow`), so the user's ``tf.function`` keeps computing on the
     moved variables; a step tfswap planned with them on the device raises
     :class:`MovedVariablesError` instead.
     """
+    stale.ready()
     moved = []
     try:
         for variable in variables:
@@ -300,9 +316,9 @@ def move_to_host(variables, host: str) -> Relocation:
                 fresh = tf.Variable(variable.read_value(), trainable=False,
                                     name=variable.name.partition(":")[0] + "_host")
             old = variable.handle
-            _point(variable, fresh.handle)
-            moved.append(Moved(variable, old, fresh.handle))
-            _empty(old, variable.dtype)
+            _point(variable, fresh.handle)   # first: should retiring fail, the value is kept
+            moved.append(Moved(variable, old, fresh.handle,
+                               _retire(old, variable.dtype, stale.moved_message(variable))))
         follow({id(m.device_handle): (m.device_handle, m.host_handle, m.variable)
                 for m in moved}, to_host=True)
     except BaseException:
