@@ -569,8 +569,11 @@ class _ByteScan:
 
     def _drop_one(self, k: int) -> bool:
         """Drop the buffer cheaper to make again that comes first in the drop order
-        (:data:`DROP_ORDERS`; not one the op at ``k`` uses, nor one needed right
-        after, nor one :meth:`_segment` refuses); False: none is left."""
+        (:data:`DROP_ORDERS`; not one the op at ``k`` uses, nor one :meth:`_segment`
+        refuses); False: none is left.  One the next op reads may go: it is made
+        again right before that op, and the positions up to ``k`` are relieved
+        (research/exact.py: a normalization and ReLU remade for the op right after
+        the peak, where the rule "not needed right after" remade a convolution)."""
         skipped, dropped = [], False
         while self.cheap:
             ranked = heapq.heappop(self.cheap)
@@ -578,7 +581,7 @@ class _ByteScan:
             b = entry[2]
             if not self.resident[b] or self.version[b] != entry[3]:
                 continue
-            if self.stamp[b] == k or -entry[0] <= k + 1:
+            if self.stamp[b] == k or -entry[0] <= k:
                 skipped.append(ranked)
                 continue
             remakes = self._segment(b, -entry[0], self.chain_of[b], k)

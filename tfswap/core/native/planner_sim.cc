@@ -1002,7 +1002,7 @@ struct ByteScan {
       BEntry entry = pop(cheap);
       int b = entry.b;
       if (!resident[b] || version[b] != entry.v) continue;
-      if (stamp[b] == k || -entry.nneed <= (int64_t)k + 1) {
+      if (stamp[b] == k || -entry.nneed <= (int64_t)k) {
         skipped.push_back(entry);
         continue;
       }
