@@ -106,7 +106,7 @@ emulate.setup()
 
 import numpy as np  # noqa: E402
 
-from tfswap import pipeline, zoo  # noqa: E402
+from tfswap import zoo  # noqa: E402
 from tfswap.tf import lower as tf_lower
 from tfswap.core.infeasible import Infeasible  # noqa: E402
 from tfswap.core import simulator  # noqa: E402
@@ -117,6 +117,7 @@ from tfswap.core.planner import plan_swaps  # noqa: E402
 from tfswap.core.simulator import PlanError  # noqa: E402
 from tfswap.core.search import random_individuals  # noqa: E402
 from tfswap.tf import capture, measure, rewrite  # noqa: E402
+from tfswap.tf.finish import finish  # noqa: E402
 from tfswap.tf import profile as profiler  # noqa: E402
 from tfswap.tf.profile import _node_nanos  # noqa: E402
 
@@ -197,7 +198,7 @@ def study(name: str, count: int, fraction: float, runs: int, threads: int, seed:
         live_timed = simulator.live_peak_bytes_timed(sim, cg, plan.schedule) + outside
         sim_streams = simulator.simulate(stage.problem.graph, plan, streams, keep=stage.problem.keep,
                                          compiled=cg).step_time_s
-        final = pipeline.finish(plan, captured, stage.lowered, budget, outside)
+        final = finish(plan, captured, stage.lowered, budget, outside)
         try:
             rewritten = rewrite.rewrite(captured, final, emulate.DEVICE, emulate.HOST,
                                         emulated_link_bytes_per_s=link,

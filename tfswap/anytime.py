@@ -14,7 +14,10 @@ computes, so a switch changes memory and time, never the results.
 
 One background search runs at a time in the process (several signatures of
 a Keras ``fit`` queue behind each other rather than share the cores the step
-needs); each gets its own ``search_time`` from when it starts.  A plan that
+needs); each gets its own ``search_time`` from when it starts.  Each search
+is a :class:`concurrent.futures.Future` (``search_future``) run in a daemon
+thread of its own, which starts once the search started before it has
+ended.  A plan that
 fails (no plan, a verification over the budget after every remedy) is never
 used: the function stays on the plan it has and says why in ``outcome``.  At
 interpreter exit the searches still running are stopped.
@@ -32,10 +35,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import queue
 import threading
 import weakref
 from collections.abc import Callable
+from concurrent import futures
 from dataclasses import dataclass, replace
 
 # A searched plan takes over when predicted at least this much faster: the first
@@ -44,6 +47,8 @@ SWITCH_GAIN = 1e-3
 # How long interpreter exit waits for a stopped search to end (it stops at its
 # next generation or before its next verification; a rewrite under way finishes).
 EXIT_WAIT_S = 30.0
+# The background searches' threads are named so: what runs in them can tell.
+THREAD_NAME = "tfswap-background-search"
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,10 @@ class AnytimeFunction:
     step on the device (verification) runs inside ``between_calls()``, which no
     call of this function overlaps.  Attributes not defined here are the
     current plan's :class:`tfswap.OptimizedFunction`'s (``plan``, ``report``'s
-    parts, ``measured_peak_bytes``...).
+    parts, ``measured_peak_bytes``...).  ``search_future``: the search as a
+    :class:`concurrent.futures.Future`, whose result is the verified plan it
+    ended on (the staged better one, else the running one), or None where it
+    failed or was stopped.
 
     Example::
 
@@ -98,19 +106,16 @@ class AnytimeFunction:
         # One call, or one verification, at a time; reentrant, so that a switch
         # callback (run inside the call) may read the function (plans, report).
         self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._ended = threading.Event()
-        self._done_callbacks: list[Callable] = []
+        self._stopped = False
         self._switch_callbacks: list[Callable] = []
         self.error: BaseException | None = None
         self.outcome = outcome or ("searching in the background" if search is not None
                                    else "nothing to search")
-        self._final = None
         if search is None:
-            self._final = first
-            self._ended.set()
+            self.search_future: futures.Future = futures.Future()
+            self.search_future.set_result(first)
         else:
-            _worker().submit(self, search)
+            self.search_future = _in_the_background(self, search)
 
     # -- what a call does
 
@@ -133,55 +138,48 @@ class AnytimeFunction:
         # ``old`` goes with this frame: its bound graph, and on a GPU its pool
         # layout in the budget arena (removed when the binding is collected).
 
-    # -- the background search
+    # -- the background search, in its thread
 
-    def _improve(self, search: Callable) -> None:
-        if self._stop.is_set():
+    def _improve(self, search: Callable):
+        """Run ``search`` and stage its plan where it is faster: the verified plan
+        the search ended on (the staged one, else the running one), or None where
+        it failed or was stopped."""
+        if self._stopped:
             self.outcome = "stopped before it started"
-            self._end(None)
-            return
+            return None
         try:
-            found = search(self._stop.is_set, self._between_calls)
+            found = search(self._is_stopped, self._between_calls)
         except _Stopped:
             self.outcome = "stopped"
-            found = None
+            return None
         except BaseException as err:   # the running plan stays; say why
             self.error = err
             self.outcome = f"failed, the first plan stays: {type(err).__name__}: {err}"
-            found = None
-        best = None
+            return None
+        now = self._current.plan
+        if found is not None and found.plan.id != now.id and \
+                found.plan.prediction.step_time_s < (1.0 - SWITCH_GAIN) * now.prediction.step_time_s:
+            with self._lock:
+                self._pending = found
+            self.outcome = (f"plan {found.plan.id} verified, predicted "
+                            f"{found.plan.prediction.step_time_s * 1e3:.3f} ms against "
+                            f"{now.prediction.step_time_s * 1e3:.3f} ms: the next call runs on it")
+            return found
         if found is not None:
-            now = self._current.plan
-            if found.plan.id == now.id:
-                self.outcome = "the search found the plan already running"
-            elif found.plan.prediction.step_time_s < \
-                    (1.0 - SWITCH_GAIN) * now.prediction.step_time_s:
-                with self._lock:
-                    self._pending = found
-                best = found
-                self.outcome = (f"plan {found.plan.id} verified, predicted "
-                                f"{found.plan.prediction.step_time_s * 1e3:.3f} ms against "
-                                f"{now.prediction.step_time_s * 1e3:.3f} ms: the next call "
-                                "runs on it")
-            else:
-                self.outcome = (f"kept plan {now.id}: the search's best plan ({found.plan.id}) "
-                                f"is not predicted {SWITCH_GAIN:.1%} faster")
-        self._end(best or (self._current if self.error is None and not self._stop.is_set()
-                           else None))
+            self.outcome = "the search found the plan already running" if found.plan.id == now.id \
+                else (f"kept plan {now.id}: the search's best plan ({found.plan.id}) is not "
+                      f"predicted {SWITCH_GAIN:.1%} faster")
+        return None if self._stopped else self._current
+
+    def _is_stopped(self) -> bool:
+        return self._stopped
 
     @contextlib.contextmanager
     def _between_calls(self):
         with self._lock:
-            if self._stop.is_set():
+            if self._stopped:
                 raise _Stopped()
             yield
-
-    def _end(self, final) -> None:
-        self._final = final
-        self._ended.set()
-        for callback in list(self._done_callbacks):
-            if final is not None:
-                callback(final)
 
     # -- public
 
@@ -195,7 +193,7 @@ class AnytimeFunction:
     @property
     def searching(self) -> bool:
         """Whether the background search is still running (or queued)."""
-        return not self._ended.is_set()
+        return not self.search_future.done()
 
     @property
     def plans(self) -> tuple[PlanSpan, ...]:
@@ -211,21 +209,24 @@ class AnytimeFunction:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the background search has ended (at most ``timeout``
         seconds); True if it has.  Its plan, if better, runs from the next call."""
-        return self._ended.wait(timeout)
+        done, _ = futures.wait([self.search_future], timeout)
+        return bool(done)
 
     def stop(self) -> None:
         """End the background search at its next generation (its best plan so far is
         still verified and used if faster) or skip its next verification."""
-        self._stop.set()
+        self._stopped = True
 
     def add_done_callback(self, callback: Callable) -> None:
         """``callback(fast)`` once the search has ended with a verified plan (the
         staged better one, else the running one), in the background thread, or at
         once if it already has; not called when it failed or was stopped.
-        (:class:`tfswap.keras.SwapCallback` saves the plan file this way.)"""
-        self._done_callbacks.append(callback)
-        if self._ended.is_set() and self._final is not None:
-            callback(self._final)
+        (:class:`tfswap.plan_store.PlanStore` saves the plan file this way.)"""
+        def ended(future: futures.Future) -> None:
+            if future.result() is not None:
+                callback(future.result())
+
+        self.search_future.add_done_callback(ended)
 
     def add_switch_callback(self, callback: Callable) -> None:
         """``callback(old, new)`` (the :class:`tfswap.OptimizedFunction` switched
@@ -258,50 +259,52 @@ def _span(fast, first_call: int) -> PlanSpan:
                     fast.measured_peak_bytes, first_call)
 
 
-class _Worker:
-    """One daemon thread that runs the background searches of the process in turn."""
-
-    def __init__(self):
-        self.jobs: queue.Queue = queue.Queue()
-        self.live: weakref.WeakSet = weakref.WeakSet()
-        self.thread = threading.Thread(target=self._run, name="tfswap-background-search",
-                                       daemon=True)
-        self.thread.start()
-        atexit.register(self.shutdown)
-
-    def submit(self, fast: AnytimeFunction, search: Callable) -> None:
-        self.live.add(fast)
-        self.jobs.put((weakref.ref(fast), search))
-
-    def _run(self) -> None:
-        while True:
-            ref, search = self.jobs.get()
-            if ref is None:
-                return
-            fast = ref()
-            if fast is not None:   # a function nobody holds any more is not searched for
-                fast._improve(search)
-            del fast
-
-    def shutdown(self) -> None:
-        """Stop every search and wait (at most :data:`EXIT_WAIT_S`) for the thread:
-        a search left running while the interpreter exits could be inside TensorFlow."""
-        for fast in list(self.live):
-            fast.stop()
-        self.jobs.put((None, None))
-        self.thread.join(EXIT_WAIT_S)
+# The thread of the search started last: the next one starts when it has ended,
+# so one search runs at a time, in the order they were started.
+_last_thread: threading.Thread | None = None
+_live: weakref.WeakSet | None = None   # the functions whose search exit stops
+_started = threading.Lock()
 
 
-_the_worker: _Worker | None = None
-_worker_lock = threading.Lock()
+def _in_the_background(fast: AnytimeFunction, search: Callable) -> futures.Future:
+    """``fast``'s search as a future, run in a daemon thread (a search left running
+    must not hold up interpreter exit) once the search started before it has
+    ended.  The thread holds ``fast`` weakly while queued: a function nobody
+    holds any more is not searched for."""
+    global _last_thread, _live
+    future: futures.Future = futures.Future()
+    ref = weakref.ref(fast)
+
+    def run(previous: threading.Thread | None) -> None:
+        if previous is not None:
+            previous.join()
+        future.set_running_or_notify_cancel()
+        target = ref()
+        try:
+            future.set_result(None if target is None else target._improve(search))
+        except BaseException as err:
+            future.set_exception(err)
+
+    with _started:
+        if _live is None:
+            # At the first search, not at import: exit handlers run in reverse
+            # order of registration, so this one runs before TensorFlow's.
+            _live = weakref.WeakSet()
+            atexit.register(_stop_at_exit)
+        _live.add(fast)
+        _last_thread = threading.Thread(target=run, args=(_last_thread,), name=THREAD_NAME,
+                                        daemon=True)
+        _last_thread.start()
+    return future
 
 
-def _worker() -> _Worker:
-    global _the_worker
-    with _worker_lock:
-        if _the_worker is None or not _the_worker.thread.is_alive():
-            _the_worker = _Worker()
-        return _the_worker
+def _stop_at_exit() -> None:
+    """Stop every search and wait (at most :data:`EXIT_WAIT_S`) for them to end: a
+    search left running while the interpreter exits could be inside TensorFlow."""
+    running = list(_live or ())
+    for fast in running:
+        fast.stop()
+    futures.wait([fast.search_future for fast in running], EXIT_WAIT_S)
 
 
-__all__ = ["AnytimeFunction", "EXIT_WAIT_S", "PlanSpan", "SWITCH_GAIN"]
+__all__ = ["AnytimeFunction", "EXIT_WAIT_S", "PlanSpan", "SWITCH_GAIN", "THREAD_NAME"]

@@ -40,141 +40,15 @@ from pathlib import Path
 import keras
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.util import nest
 
-import tfswap
 from tfswap import api
+from tfswap.keras_steps import (KINDS, batch_signature, batches, build_for, check_model,
+                                element_spec, live_variables, per_replica,
+                                require_tensorflow_backend, shapes_text, step_function,
+                                without_xla)
 from tfswap.options import Options
-from tfswap.plan_store import USER_CACHE, PlanStore, default_plan_path, plan_directory
-
-KINDS = ("train", "test", "predict")
-NEW_SHAPES = ("plan", "original")
-
-
-def _require_tensorflow_backend() -> None:
-    if keras.backend.backend() != "tensorflow":
-        raise RuntimeError(
-            f"tfswap.keras needs Keras on the TensorFlow backend, this Keras uses "
-            f"{keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow before importing keras.")
-
-
-def batch_signature(data, spec=None) -> tuple:
-    """The key plans are cached under: each tensor's place, shape, dtype and the
-    shape Keras traces its step with (``spec``: the dataset's element spec, whose
-    batch dimension is None when the last batch is smaller; None: the batch's
-    own shapes).
-
-    Raises TypeError naming the first leaf that is not a tensor or array.
-    """
-    leaves = nest.flatten_with_joined_string_paths(data)
-    traced = [None] * len(leaves) if spec is None else [
-        tuple(s.shape.as_list()) if s.shape.rank is not None else None
-        for s in tf.nest.flatten(spec)]
-    key = []
-    for (path, leaf), shape in zip(leaves, traced):
-        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
-            raise TypeError(f"batch element {path or '<root>'} is a {type(leaf).__name__}, not a "
-                            "tensor; tfswap plans steps over tensors only")
-        key.append((path, tuple(leaf.shape), tf.as_dtype(leaf.dtype).name,
-                    tuple(leaf.shape) if shape is None else shape))
-    return tuple(key)
-
-
-def _specs(data):
-    return tf.nest.map_structure(
-        lambda t: tf.TensorSpec(tuple(t.shape), tf.as_dtype(t.dtype)), data)
-
-
-def _element_spec(iterator):
-    """The specs Keras's step is traced with when ``fit`` feeds it ``iterator``,
-    or None where Keras traces the batches' own shapes."""
-    if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-        spec = iterator.element_spec
-        if all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
-            return spec
-    return None
-
-
-def build_for(model, data, kind: str = "train") -> None:
-    """Create the model's (and for "train"/"test" the metrics' and optimizer's)
-    variables for ``data`` if missing.
-
-    Keras builds them while tracing its first step; a step tfswap captures
-    must find them existing, so that they are captured, not created, by it.
-    """
-    if kind == "predict":  # no targets: build the layers only
-        if not model.built:
-            x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-            model(tf.nest.map_structure(lambda t: keras.KerasTensor(
-                tuple(t.shape), keras.backend.standardize_dtype(t.dtype)), x))
-        return
-    # Keras's TF trainer builds this way itself under a distribution strategy.
-    with model.distribute_strategy.scope():
-        model._symbolic_build(data_batch=data)
-
-
-def per_replica(model, data):
-    """The replicas' own batches, one structure per replica, where ``fit`` under a
-    ``MirroredStrategy`` feeds ``data`` as distributed values; None where it
-    feeds plain tensors."""
-    if not any(isinstance(leaf, tf.distribute.DistributedValues)
-               for leaf in tf.nest.flatten(data)):
-        return None
-    return tuple(model.distribute_strategy.experimental_local_results(data))
-
-
-def step_function(model, data, kind: str = "train", spec=None, replicated: bool = False):
-    """The ConcreteFunction of one Keras step for batches shaped like ``data``.
-
-    ``kind``: "train" (``model.train_step``, which updates the weights, the
-    optimizer and the metrics), "test" (``model.test_step``) or "predict"
-    (``model.predict_step``).  ``data``: one batch as ``fit`` feeds it, e.g.
-    ``(x, y)``.  ``spec``: the TensorSpecs Keras traces its step with, where
-    they have unknown dimensions (``fit``'s dataset when its last batch is
-    smaller: the batch dimension is None); the step is then traced as Keras
-    traces it and returned as :func:`tfswap.tf.capture.at_shapes` of
-    ``data``'s shapes, because a trace with static shapes is not bit for bit
-    the same step (Grappler folds the batch size into constants).  This is
-    what :class:`SwapCallback` hands to :func:`tfswap.optimize`; use it to
-    measure the unmodified step.  ``replicated``: ``data`` is one batch per
-    replica of the model's ``MirroredStrategy`` (:func:`per_replica`), each
-    replica steps on its own, and the outputs are reduced across replicas as
-    Keras reduces them::
-
-        cf = tfswap.keras.step_function(model, (x[:32], y[:32]))
-        captured = tfswap.tf.capture.capture(cf)
-        tfswap.tf.measure.measure(captured, captured.graph_def, [x[:32], y[:32]])
-    """
-    _require_tensorflow_backend()
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    step = {"train": model.train_step, "test": model.test_step,
-            "predict": model.predict_step}[kind]
-    strategy = model.distribute_strategy
-
-    build_for(model, data[0] if replicated else data, kind)
-
-    def one_step(batch):
-        if replicated:
-            batch = strategy.experimental_distribute_values_from_function(
-                lambda context: batch[context.replica_id_in_sync_group])
-        outputs = strategy.run(step, args=(batch,))
-        if strategy.num_replicas_in_sync > 1:   # as Keras's own step function
-            from keras.src.backend.tensorflow.trainer import reduce_per_replica
-
-            outputs = reduce_per_replica(outputs, strategy,
-                                         reduction="concat" if kind == "predict" else "auto")
-        return outputs
-
-    static = _specs(data)
-    if spec is None or all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
-        return tf.function(one_step, autograph=False).get_concrete_function(static)
-    tf.nest.assert_same_structure(static, spec)
-    from tfswap.tf.capture import at_shapes
-
-    traced = tf.nest.map_structure(lambda s, t: tf.TensorSpec(s.shape, t.dtype), spec, static)
-    cf = tf.function(one_step, autograph=False).get_concrete_function(traced)
-    return at_shapes(cf, [tuple(t.shape) for t in tf.nest.flatten(static)])
+from tfswap.plan_store import (NEW_SHAPES, USER_CACHE, PlanStore, default_plan_path,
+                               plan_directory)
 
 
 class SwapCallback(keras.callbacks.Callback):
@@ -239,35 +113,31 @@ class SwapCallback(keras.callbacks.Callback):
                  plan_path=USER_CACHE, verbose: int = 1, new_shapes: str = "plan",
                  inference: bool = True, background: bool = True, **settings):
         super().__init__()
-        _require_tensorflow_backend()
+        require_tensorflow_backend()
         # The plans' settings: tfswap.Options, checked there (the same object
         # tfswap.optimize takes).
         self.options = api.options_of(memory_budget, options, settings)
-        if new_shapes not in NEW_SHAPES:
-            raise ValueError(f"new_shapes must be one of {NEW_SHAPES}, got {new_shapes!r}")
-        if isinstance(verbose, bool) or not isinstance(verbose, int) or verbose < 0:
-            raise ValueError(f"verbose must be an int >= 0, got {verbose!r}")
-        if not isinstance(background, bool):
-            raise ValueError(f"background must be True or False, got {background!r}")
-        # The plans, per step kind and batch signature, and their files.
-        self.store = PlanStore(plan_directory(plan_path), self.options, verbose=verbose)
-        self.verbose = verbose
-        self.new_shapes = new_shapes
+        # The plans, per step kind and batch signature, and their files; it checks
+        # verbose, new_shapes and background.
+        self.store = PlanStore(plan_directory(plan_path), self.options, verbose=verbose,
+                               new_shapes=new_shapes, background=background)
         self.inference = inference
-        self.background = background
-        self._saved: dict = {}
+        self._saved: dict = {}    # kind -> Keras's function while ours is installed
         self._warned: set = set()
 
     @property
     def memory_budget(self):
+        """The plans' budget, as given (``options.memory_budget``)."""
         return self.options.memory_budget
 
     @property
     def plan_path(self) -> Path | None:
+        """The directory plans are saved to and loaded from (None: no files)."""
         return self.store.directory
 
     @property
     def functions(self) -> dict:
+        """(kind, signature) -> the function that ran (see the class)."""
         return self.store.functions
 
     # -- Keras hooks: put our function in at begin, Keras's back at end.
@@ -294,61 +164,24 @@ class SwapCallback(keras.callbacks.Callback):
 
     def _install(self, kind: str) -> None:
         model = self.model
-        strategy = model._distribute_strategy or (tf.distribute.get_strategy()
-                                                  if tf.distribute.has_strategy() else None)
-        if strategy is not None and not isinstance(strategy, tf.distribute.MirroredStrategy):
-            raise RuntimeError(
-                "tfswap.keras.SwapCallback plans one machine's replicas: of the tf.distribute "
-                f"strategies it supports MirroredStrategy, not {type(strategy).__name__}. Fit "
-                "under a MirroredStrategy, or outside any strategy.")
-        if getattr(model, "jit_compile", False) and "jit_compile" not in self._warned:
-            # Keras turns XLA on by default where a GPU exists ("auto"); XLA would
-            # lay out memory itself, so the planned step runs as a TF graph.
-            self._warned.add("jit_compile")
-            warnings.warn("tfswap.keras.SwapCallback: the model is compiled with jit_compile; "
-                          "the planned steps run without XLA (compile with jit_compile=False "
-                          "to compare like with like)", stacklevel=2)
-        if model.run_eagerly:
-            raise RuntimeError("tfswap.keras.SwapCallback plans graph steps; compile the model "
-                               "with run_eagerly=False.")
-        self._forget_stale_plans()
+        check_model(model, self._warned)
+        self.store.name = model.name
+        self.store.forget_stale(live_variables(model))
         attr = f"{kind}_function"
         self._saved[kind] = getattr(model, attr)
-        runner = self._predict_runner() if kind == "predict" else self._runner(kind)
-        setattr(model, attr, runner)
+        setattr(model, attr, self._predict_runner() if kind == "predict" else self._runner(kind))
 
     def _restore(self, kind: str) -> None:
         if kind in self._saved:
             setattr(self.model, f"{kind}_function", self._saved.pop(kind))
-
-    def _forget_stale_plans(self) -> None:
-        """Drop steps bound to variables the model no longer uses.
-
-        A plan runs on the variables it captured; after ``compile`` again (a
-        new optimizer, new metrics) or with another model, running it would
-        update the wrong objects, so those steps are planned again.
-        """
-        model = self.model
-        state = list(model.variables) + list(model.metrics_variables)
-        if model.optimizer is not None:
-            state += list(model.optimizer.variables)
-        live = {id(getattr(v, "_value", v)) for v in state}
-        stale = [key for key, fast in self.functions.items() if fast is not None and any(
-            id(v) not in live for v in fast.captured.variables)]
-        if stale and self.verbose >= 1:
-            print(f"tfswap: {len(stale)} planned step(s) captured variables this model no "
-                  "longer uses (compiled again, or another model); planning them again")
-        if stale:  # which signatures Keras's step ran was decided for the old model too
-            self.store.forget(stale + [key for key, fast in self.functions.items()
-                                       if fast is None])
 
     # -- What fit / evaluate / predict call instead of Keras's functions.
 
     def _runner(self, kind: str):
         def run(iterator):
             outputs = None
-            spec = _element_spec(iterator)
-            for data in self._batches(iterator):
+            spec = element_spec(iterator)
+            for data in batches(iterator, self.model.steps_per_execution):
                 outputs = self._step(kind, data, spec)
             if outputs is None:
                 raise StopIteration
@@ -380,19 +213,6 @@ class SwapCallback(keras.callbacks.Callback):
 
         return function
 
-    def _batches(self, iterator):
-        """The batches of one execution: up to ``steps_per_execution`` of them."""
-        steps = self.model.steps_per_execution
-        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-            for _ in range(steps):
-                optional = iterator.get_next_as_optional()
-                if not optional.has_value():
-                    return
-                yield optional.get_value()
-        else:  # train_on_batch-style Python iterables
-            for _, data in zip(range(steps), iterator):
-                yield data
-
     def _step(self, kind: str, data, spec=None):
         original, replicas = data, per_replica(self.model, data)
         if replicas is not None:   # fit under a MirroredStrategy: a batch per replica
@@ -401,19 +221,20 @@ class SwapCallback(keras.callbacks.Callback):
             key = (kind, batch_signature(data, spec))
         except TypeError as err:
             return self._keras_step(kind, original, f"{err}; Keras's own step runs it")
-        if key not in self.functions:
-            planned = [k for k in self.functions if k[0] == kind and self.functions[k]]
-            if planned and self.new_shapes == "original":
-                self.functions[key] = None
-            else:
-                self.functions[key] = self._prepare(kind, data, key, spec,
-                                                    replicas is not None)
-        fast = self.functions[key]
+
+        def trace():
+            return (step_function(self.model, data, kind, spec, replicas is not None),
+                    [np.asarray(leaf) for leaf in tf.nest.flatten(data)])
+
+        # A replicated step's plans (one per replica) are not saved to files yet.
+        fast = self.store.function(key, trace, saved=replicas is None,
+                                   what=f"{kind} step for batches shaped {shapes_text(key[1])}",
+                                   after_move=lambda: without_xla(self.model, self._saved))
         if fast is None:
             return self._keras_step(
-                kind, original, f"a {kind} batch shaped {_shapes(key[1])} differs from the planned "
-                f"one; Keras's unmodified step runs it (new_shapes='original'), so it is not "
-                f"held to the memory budget")
+                kind, original, f"a {kind} batch shaped {shapes_text(key[1])} differs from the "
+                "planned one; Keras's unmodified step runs it (new_shapes='original'), so it "
+                "is not held to the memory budget")
         return fast(data)
 
     def _keras_step(self, kind: str, data, why: str):
@@ -424,63 +245,6 @@ class SwapCallback(keras.callbacks.Callback):
         keras_function = self._saved[kind]
         return keras_function([data]) if kind == "predict" else keras_function(iter([data]))
 
-    # -- Planning.
 
-    def _prepare(self, kind: str, data, key, spec=None, replicated: bool = False):
-        cf = step_function(self.model, data, kind, spec, replicated)
-        inputs = [np.asarray(leaf) for leaf in tf.nest.flatten(data)]
-        self.store.name = self.model.name
-        # A replicated step's plans (one per replica) are not saved to files yet.
-        fast, path, _ = self.store.plan(kind, key, cf, inputs, self.background,
-                                        saved=not replicated)
-        if fast.relocation is not None:   # the plans made before the move no longer hold
-            del self.functions[key]
-            self._after_move()
-            self.functions[key] = fast
-        what = f"{kind} step for batches shaped {_shapes(key[1])}"
-        if self.verbose >= 1:
-            print(f"tfswap: {what}" + (f" (plan file {path})" if path is not None else ""))
-            print(fast.report())
-            if isinstance(fast, tfswap.AnytimeFunction):
-                fast.add_switch_callback(lambda old, new: print(
-                    f"tfswap: {what}: plan {new.plan.id} from the background search takes over "
-                    f"from {old.plan.id} (predicted step "
-                    f"{new.plan.prediction.step_time_s * 1e3:.3f} ms, was "
-                    f"{old.plan.prediction.step_time_s * 1e3:.3f} ms)"))
-        return fast
-
-    def _after_move(self) -> None:
-        """The model's variables moved to host memory.  Keras's own functions
-        follow them (:func:`tfswap.tf.homes.follow` re-points every traced
-        function), so they keep working unchanged, except XLA-compiled ones: XLA
-        cannot read a variable in host memory, so the model runs without XLA
-        from here on (its functions are traced again).  The steps planned before
-        for other signatures were planned with the variables on the device:
-        their plans no longer hold (the reads now come from the host,
-        unplanned), and calling one raises
-        :class:`tfswap.tf.homes.MovedVariablesError`, so each is planned again
-        when next used."""
-        model = self.model
-        if getattr(model, "jit_compile", False):
-            warnings.warn("tfswap.keras.SwapCallback: the model's variables moved to host "
-                          "memory, where XLA cannot read them; the model's own functions "
-                          "(evaluate, predict, fit) now run without XLA (model.jit_compile "
-                          "is set to False)", stacklevel=2)
-            model.jit_compile = False
-            for kind in KINDS:
-                ours = getattr(model, f"{kind}_function") if kind in self._saved else None
-                setattr(model, f"{kind}_function", None)
-                if kind in self._saved:   # Keras's function, the one our runner falls back to
-                    getattr(model, f"make_{kind}_function")(force=True)
-                    self._saved[kind] = getattr(model, f"{kind}_function")
-                    setattr(model, f"{kind}_function", ours)
-        # Their plans were for the variables on the device.
-        self.store.forget([key for key, fast in self.functions.items() if fast is not None])
-
-
-def _shapes(signature) -> str:
-    return ", ".join(f"{list(shape)} {dtype}" for _, shape, dtype, _ in signature)
-
-
-__all__ = ["SwapCallback", "USER_CACHE", "batch_signature", "build_for", "default_plan_path",
-           "per_replica", "step_function"]
+__all__ = ["KINDS", "NEW_SHAPES", "SwapCallback", "USER_CACHE", "batch_signature", "build_for",
+           "default_plan_path", "per_replica", "step_function"]

@@ -1,9 +1,10 @@
-"""A step a ``tf.distribute`` strategy replicates, planned per device: the other
-replicas (:class:`Replica`, :func:`replica_of`), an attempt's remedies carried
-to another replica (:func:`replica_attempt`), the replicas' plans simulated
-together (:func:`replicated_prediction`) and each device measured
-(:func:`measure_replicas`).  The stages of :mod:`tfswap.pipeline` call these
-for every replica; the first replica is the step itself.
+"""A step a ``tf.distribute`` strategy replicates, planned per device: what is
+refused (:func:`refuse_unplannable`), the other replicas (:class:`Replica`,
+:func:`replica_of`) and the report's notes on them (:func:`replication_notes`),
+an attempt's remedies carried to another replica (:func:`replica_attempt`), the
+replicas' plans simulated together (:func:`replicated_prediction`) and each
+device measured (:func:`measure_replicas`).  The stages of :mod:`tfswap.pipeline`
+call these for every replica; the first replica is the step itself.
 
 Example::
 
@@ -21,9 +22,9 @@ import tensorflow as tf
 
 from tfswap.core import simulator
 from tfswap.core.devices import DeviceSpec
-from tfswap.tf import measure
+from tfswap.tf import capture, measure
 from tfswap.tf.device import profile_step
-from tfswap.tf.lower import Lowered, lower, lower_default, planner_budget
+from tfswap.tf.lower import Lowered, lower, lower_at, planner_budget
 
 # A rewritten replicated step that runs this many times its unmodified step (at
 # least the minimum) is taken as stuck: replicas waiting for each other never return.
@@ -47,10 +48,39 @@ def replica_of(captured, device: str, options, spec: DeviceSpec, feed) -> Replic
     """Replica ``device`` of a replicated step, profiled and lowered as the first one."""
     on = dataclasses.replace(captured, device=device)
     prof = profile_step(on, options.profile, spec, feed, device)
-    step = lower(on, prof, spec, options.small_tensor_bytes, options.recompute) \
-        if options.small_tensor_bytes is not None else \
-        lower_default(on, prof, spec, options.recompute)
-    return Replica(device, on, prof, step)
+    return Replica(device, on, prof,
+                   lower_at(on, prof, spec, options.small_tensor_bytes, options.recompute))
+
+
+def refuse_unplannable(captured, host: str, parameters: str) -> None:
+    """Raise :class:`tfswap.tf.capture.CaptureError` where a replicated step cannot
+    be planned: its host is one of the replicas' devices, or its variables are
+    (or ``parameters`` would put them) in host memory."""
+    if any(capture.same_device(host, d) for d in captured.replicas):
+        raise capture.CaptureError(
+            f"the host {host} is one of the replicas' devices ({', '.join(captured.replicas)}): "
+            "tfswap would swap a replica's tensors into another replica's memory. Pass host= a "
+            "device no replica uses; on the emulated device, tfswap.tf.emulate.setup(replicas=2) "
+            "and MirroredStrategy(devices.replicas) keep the host (CPU:1) apart")
+    if captured.replicas and (captured.host_homed or parameters == "host"):
+        raise capture.CaptureError(
+            "a replicated step (tf.distribute) keeps its variables on its devices: tfswap does "
+            "not plan replicas with variables in host memory yet; create them under the "
+            "strategy's scope and pass parameters='auto' or 'device'")
+
+
+def replication_notes(captured, replicas: tuple) -> tuple[str, ...]:
+    """The report's notes on a step with collectives: planned on this worker alone,
+    or over the replicas' devices (``replicas``: the others, :func:`replica_of`)."""
+    notes = ()
+    if captured.other_workers:
+        notes += ("its collectives have members on other workers (MultiWorkerMirroredStrategy): "
+                  "this worker's step planned alone, from its shapes (analytic profile), not "
+                  "verified; every worker plans its own",)
+    if replicas:
+        notes += (f"replicated over {', '.join(captured.replicas)}: each device planned for "
+                  "the budget",)
+    return notes
 
 
 def replicated_prediction(prepared, members, spec: DeviceSpec | None = None, **options):
@@ -144,5 +174,5 @@ def measure_replicas(made, sessions: int) -> tuple[int, str, bool]:
 
 
 __all__ = ["REPLICATED_MIN_TIMEOUT_S", "REPLICATED_TIMEOUT_FACTOR", "Replica",
-           "ReplicasStuckError", "measure_replicas", "replica_attempt", "replica_of",
-           "replicated_prediction", "timeout_s"]
+           "ReplicasStuckError", "measure_replicas", "refuse_unplannable", "replica_attempt",
+           "replica_of", "replicated_prediction", "replication_notes", "timeout_s"]

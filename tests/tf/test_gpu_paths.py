@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfswap import pipeline, zoo
+from tfswap import budget_arena, pipeline, zoo
 from tfswap import options as options_mod
 from tfswap.tf import device as tf_device
 from tfswap.core.devices import DeviceSpec, device_spec
@@ -323,7 +323,7 @@ def test_under_a_budget_arena_the_plan_binds_its_pool_and_each_call_runs_in_it(m
     made = pipeline.materialize(planned)
     assert made.bound.memory_scope is not None
     # The pool registered is the plan's, less what the device variables hold.
-    pool = pipeline.arena_allocation(planned)
+    pool = budget_arena.arena_allocation(planned)
     assert pool.class_bytes == planned.plan.allocation.class_bytes
     assert sum(pool.class_count) < sum(planned.plan.allocation.class_count)
     stats = arena.layout_stats(0)

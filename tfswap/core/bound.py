@@ -60,6 +60,12 @@ class Bound:
                 f"{self.excess_bytes} B live there must be off the device (over the link or "
                 "computed again)")
 
+    def against(self, step_time_s: float) -> str:
+        """:meth:`describe`, and how far a plan predicted at ``step_time_s`` is from it."""
+        return (f"{self.describe()}; this plan is predicted at {step_time_s / self.time_s:.2f}x "
+                "it (a relaxation: one position at a time, a remade value costing its producer "
+                "alone)")
+
 
 def lower_bound(problem: Problem, budget_bytes: int, spec: DeviceSpec,
                 schedule: Sequence[str] | None = None) -> Bound:

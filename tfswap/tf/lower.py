@@ -60,6 +60,15 @@ def lower_default(captured, prof, spec: DeviceSpec, recompute: bool = True) -> L
     return step
 
 
+def lower_at(captured, prof, spec: DeviceSpec, small: int | None,
+             recompute: bool = True) -> Lowered:
+    """:func:`lower` at ``small`` bytes, or :func:`lower_default` where ``small`` is
+    None (``Options.small_tensor_bytes``' default)."""
+    if small is None:
+        return lower_default(captured, prof, spec, recompute)
+    return lower(captured, prof, spec, small, recompute)
+
+
 def lower(captured, prof, spec: DeviceSpec, small: int, recompute: bool = True) -> Lowered:
     """The captured step as the planners see it, with tensors under ``small`` bytes
     in the small pool.  Every plan here has ``params_start_on_host``: TensorFlow
@@ -155,6 +164,6 @@ def planner_budget(budget: int, lowered, safety_margin: float) -> tuple[int, int
     return usable, outside
 
 
-__all__ = ["Lowered", "SMALLEST_SMALL_BYTES", "lower", "lower_default", "pin_parameters",
-           "planner_budget", "planning_graph", "price_host_work", "price_writebacks",
-           "small_threshold"]
+__all__ = ["Lowered", "SMALLEST_SMALL_BYTES", "lower", "lower_at", "lower_default",
+           "pin_parameters", "planner_budget", "planning_graph", "price_host_work",
+           "price_writebacks", "small_threshold"]

@@ -1,0 +1,62 @@
+"""The plan's pool in a GPU's budget arena (opt-in,
+:func:`tfswap.ops.allocator.install_gpu_arena`): the pool as the arena binds it
+(:func:`arena_allocation`), its registration for the bound step
+(:func:`arena_scope`, what :func:`tfswap.pipeline.materialize` binds with) and
+the arena a bound step allocates from (:func:`arena_of`, what verification
+reads the requests outside the pool from).  Elsewhere (no arena installed,
+the emulated device) each is None.
+
+Example::
+
+    bound = runtime.bind(captured, graph_def, memory_scope=arena_scope(planned))
+"""
+
+from __future__ import annotations
+
+from tfswap.core import layout
+from tfswap.core.plan import Allocation
+from tfswap.core.program import from_plan
+from tfswap.core.simulator import simulate
+from tfswap.ops import allocator
+from tfswap.tf import measure
+
+
+def arena_allocation(planned) -> Allocation:
+    """The plan's pool as a budget arena binds it (``planned``: a
+    :class:`tfswap.pipeline.Planned`): without the objects of the parameters that
+    stay on the device, which the user's variables already hold in the arena
+    (:func:`tfswap.core.layout.without_resident`)."""
+    problem, plan = planned.attempt.step.problem, planned.plan
+    cg = problem.compiled
+    prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
+    result = simulate(problem.graph, plan, planned.prepared.spec, events=True,
+                      keep=problem.keep, compiled=cg)
+    resident = [cg.buf_names[b] for b in prog.resident if cg.buf_persistent[b]]
+    return layout.without_resident(result, plan.allocation, resident)
+
+
+def arena_scope(planned):
+    """On a GPU that allocates from a budget arena: the plan's pool registered with
+    it, and what makes it serve each call; else None."""
+    prepared, plan = planned.prepared, planned.plan
+    if prepared.peak_method != measure.ALLOCATOR or plan.allocation is None:
+        return None
+    arena = allocator.installed_gpu_arena(prepared.device)
+    if arena is None:
+        return None
+    pool = arena_allocation(planned)
+    return arena.binding(allocator.PoolAllocation(
+        class_bytes=pool.class_bytes, class_count=pool.class_count,
+        small_pool_bytes=pool.small_pool_bytes, plan_id=plan.id,
+        small_threshold_bytes=pool.small_threshold_bytes, object_offsets=pool.object_offsets))
+
+
+def arena_of(made):
+    """The budget arena the bound step's pool is registered with, if any (``made``:
+    a :class:`tfswap.pipeline.Materialized`)."""
+    if made.bound.memory_scope is None:
+        return None
+    return allocator.installed_gpu_arena(made.planned.prepared.device)
+
+
+__all__ = ["arena_allocation", "arena_of", "arena_scope"]
