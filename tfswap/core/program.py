@@ -82,14 +82,39 @@ def fresh_copies(cg: CompiledGraph, order, rec: RecomputeRec) -> dict[int, int]:
     the fresh copy (``cg.buf_fresh``) the chain makes it in instead, held while
     the chain runs.  :func:`tfswap.core.recompute.value_chain` decides by the
     same rule, so this is what any chain it gave makes."""
-    ops = recompute_ops(cg, rec)
+    return recompute_copies(cg, order, (rec,))[0]
+
+
+def recompute_copies(cg: CompiledGraph, order, recs) -> list[dict[int, int]]:
+    """:func:`fresh_copies` of each of ``recs`` (one program's), worked out once
+    per order and record: every simulation of the recomputation pass asks."""
+    if not recs:
+        return []
+    if not _has_copies(cg):
+        return [{} for _ in recs]
+    cache = cg.memo("fresh_copies", id(order), lambda: (order, {}))
+    if cache[0] is not order:   # another order at the same address
+        cache = (order, {})
+        cg.cache("fresh_copies")[id(order)] = cache
+    got, last = cache[1], None
+    out = []
     fresh = cg.buf_fresh
-    made = [int(x) for p in ops for x in cg.op_out[cg.op_out_ptr[p]:cg.op_out_ptr[p + 1]]
-            if x != rec.buf and fresh[x] >= 0]
-    if not made:
-        return {}
-    last = last_uses(cg, order)
-    return {x: int(fresh[x]) for x in made if last[x] >= rec.need}
+    for rec in recs:
+        key = (rec.buf, rec.need, rec.ops)
+        copies = got.get(key)
+        if copies is None:
+            made = [int(x) for p in recompute_ops(cg, rec)
+                    for x in cg.op_out[cg.op_out_ptr[p]:cg.op_out_ptr[p + 1]]
+                    if x != rec.buf and fresh[x] >= 0]
+            if made and last is None:
+                last = last_uses(cg, order)
+            copies = got[key] = {x: int(fresh[x]) for x in made if last[x] >= rec.need}
+        out.append(copies)
+    return out
+
+
+def _has_copies(cg: CompiledGraph) -> bool:
+    return cg.memo("has_copies", None, lambda: bool((cg.buf_fresh >= 0).any()), keep=None)
 
 
 def last_uses(cg: CompiledGraph, order) -> list[int]:

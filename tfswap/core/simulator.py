@@ -70,7 +70,7 @@ from tfswap.core.devices import DeviceSpec
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.plan import Allocation, Plan
 from tfswap.core.program import (Program, _schedule_lookup, buffer_classes, from_plan,
-                                 fresh_copies, recompute_ops)
+                                 recompute_copies, recompute_ops)
 
 
 class PlanError(RuntimeError):
@@ -356,11 +356,11 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
             drops_of[o.out_after].append(j)
     d2h_list = [j for j, o in enumerate(outs) if o.copy]
     recs_of = [[] for _ in range(n)]
-    chain, copies = {}, {}
+    chain = {}
+    copies = dict(zip(prog.recomputes, recompute_copies(cg, order, prog.recomputes)))
     for r in prog.recomputes:
         recs_of[r.need].append(r)
         chain[r] = recompute_ops(cg, r)   # a buffer may be made again more than once
-        copies[r] = fresh_copies(cg, order, r)
     recompute_s = 0.0
     temps_of = [[] for _ in range(n)]   # buffers a chain made only for itself
     last = [-1] * cg.n_buffers

@@ -26,8 +26,8 @@ from tfswap.core.native.build import NativeLibrary
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.plan import Allocation
-from tfswap.core.program import (InRec, OutRec, Program, buffer_classes, fresh_copies,
-                                 recompute_ops)
+from tfswap.core.program import (InRec, OutRec, Program, buffer_classes,
+                                 recompute_copies, recompute_ops)
 
 # The byte scan's question to Python for a chain the per-slot arrays do not hold
 # (planner_sim.cc's ChainAtFn): (buffer, position, time out, buffers out) -> id.
@@ -217,7 +217,7 @@ def simulate_program(cg: CompiledGraph, prog: Program, allocation: Allocation,
     rec_ptr = np.ascontiguousarray(np.concatenate(
         [[0], np.cumsum([len(c) for c in chains], dtype=np.int64)]).astype(np.int32))
     rec_ops = _i32([op for c in chains for op in c])
-    copies = [fresh_copies(cg, prog.order, r) for r in prog.recomputes]
+    copies = recompute_copies(cg, prog.order, prog.recomputes)
     rec_fresh_ptr = np.ascontiguousarray(np.concatenate(
         [[0], np.cumsum([len(c) for c in copies], dtype=np.int64)]).astype(np.int32))
     rec_fresh = _i32([x for c in copies for pair in sorted(c.items()) for x in pair])
