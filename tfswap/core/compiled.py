@@ -183,7 +183,7 @@ class CompiledGraph:
         pinned.extend([True] * len(scratch_names))  # scratch is in use while it lives
         # A fresh copy for each buffer a recomputation may have to make while the
         # step holds it: one written in place (several members), or one of
-        # several an op makes (a Split's slices).
+        # several an op makes (a normalization's other outputs).
         producer, outputs_of = {}, [0] * len(graph.ops)
         for k in range(len(graph.ops)):
             for b in op_out[op_out_ptr[k]:op_out_ptr[k + 1]]:

@@ -78,9 +78,9 @@ def recompute_ops(cg: CompiledGraph, rec: RecomputeRec) -> tuple[int, ...]:
 
 def fresh_copies(cg: CompiledGraph, order, rec: RecomputeRec) -> dict[int, int]:
     """The buffers ``rec``'s ops make that the step still holds at its ``need``
-    (another value written over in place since, a sibling slice), each mapped to
-    the fresh copy (``cg.buf_fresh``) the chain makes it in instead, held while
-    the chain runs.  :func:`tfswap.core.recompute.value_chain` decides by the
+    (another value written over in place since, another output of an op it
+    runs), each mapped to the fresh copy (``cg.buf_fresh``) the chain makes it
+    in instead, held while the chain runs.  :func:`tfswap.core.recompute.value_chain` decides by the
     same rule, so this is what any chain it gave makes."""
     return recompute_copies(cg, order, (rec,))[0]
 

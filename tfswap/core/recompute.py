@@ -25,7 +25,7 @@ temporaries) is made again for the chain alone, through its own ops (at
 most MAX_CHAIN_OPS in all): it takes memory while the chain runs, and the
 simulator prices that.  A value whose buffer the step still holds but has
 written over in place since (GELU's halves), and an output of a chain op the
-step still holds (an LSTM cell's Split makes four gates), are made in the
+step still holds (a normalization's other outputs), are made in the
 buffer's fresh copy (``CompiledGraph.buf_fresh``), held while the chain runs:
 reading the buffer itself would read the newer value.  The ops must make no
 buffer the step still holds that has no fresh copy, and no scratch worth
