@@ -59,8 +59,8 @@ plan's pool is one size class per size with as many objects as the
 simulation uses.
 
 Which allocator realises such a plan is the open question this module
-measures (benchmarks/arena_gap.py, benchmarks/RESULTS.md "Why tfswap loses
-three rows"): with ``memory="live"`` a plan fits when its live bytes do,
+measures (research/studies/arena_gap.py; docs/lab-notes/results-2026-11.md,
+"Why rows miss 0.8 of ideal"): with ``memory="live"`` a plan fits when its live bytes do,
 the baselines' model, which needs an allocator that places every
 allocation where the plan says; tfswap's pool allocator reuses objects of a
 class last-in first-out, and with ``memory="shared"`` the cap is lowered

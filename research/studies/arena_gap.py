@@ -18,7 +18,7 @@ TF's order, all simulated) it prints, as throughput relative to ideal:
 
 Command (RESULTS.md, "Why tfswap loses rows"):
 
-    PYTHONPATH=. .venv/bin/python benchmarks/arena_gap.py resnet50:512 inception_v3:512 \\
+    PYTHONPATH=. .venv/bin/python research/studies/arena_gap.py resnet50:512 inception_v3:512 \\
         nasnet_mobile:512
 """
 
@@ -30,7 +30,7 @@ import sys
 import numpy as np
 
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ beside tfswap/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from research import paper_models
 from tfswap.core.infeasible import Infeasible
 from tfswap.core import baselines, byte_planner, layout, simulator
