@@ -839,6 +839,7 @@ struct ByteScan {
   int n_chains = 0;           // the chains the arrays hold; ids from n_chains on: chain_at
   ChainAtFn chain_at_fn = nullptr;
   int64_t segment_bytes = 0;  // _ByteScan.segment_bytes
+  const int64_t* floor_at = nullptr;   // _ByteScan.floor (null: no such refusal)
   // Chains met through chain_at (id - n_chains): made and inputs, ascending.
   std::vector<std::vector<int>> dyn_made, dyn_inp;
   std::vector<double> dyn_time;
@@ -1117,6 +1118,9 @@ struct ByteScan {
     for (int64_t t : temps)
       if (temp_taken(t) && std::find(freed.begin(), freed.end(), t) == freed.end())
         return false;
+    if (floor_at)
+      for (const auto& e : pos_held)
+        if (e.second + floor_at[e.first] > cap) return false;   // no room for the op's own
     if (remakes.size() > 1)
       for (const auto& e : pos_held)
         if (e.second > segment_bytes) return false;   // a segment within its share
@@ -1300,7 +1304,7 @@ int tfswap_byte_scan(
     int has_chains, const int32_t* slot_chain, const double* chain_time,
     const int32_t* made_ptr, const int32_t* made, const int32_t* inp_ptr, const int32_t* inp,
     double share_s_per_byte, int cheapest, int n_chains, ChainAtFn chain_at,
-    int64_t segment_bytes, int64_t* fail, int64_t* sizes_out) {
+    int64_t segment_bytes, const int64_t* floor, int64_t* fail, int64_t* sizes_out) {
   delete g_last_scan;
   g_last_scan = nullptr;
   ByteScan* s = new ByteScan();
@@ -1314,6 +1318,7 @@ int tfswap_byte_scan(
   s->made_ptr = made_ptr; s->made = made; s->inp_ptr = inp_ptr; s->inp = inp;
   s->share_s_per_byte = share_s_per_byte; s->cheapest = cheapest != 0;
   s->n_chains = n_chains; s->chain_at_fn = chain_at; s->segment_bytes = segment_bytes;
+  s->floor_at = floor;
   if (!s->run(start, n_start, start_bytes)) {
     fail[0] = s->fail_k;
     fail[1] = s->fail_bytes;
