@@ -497,3 +497,37 @@ def test_the_compiled_scan_remakes_the_reference_scans_segments():
                     compared += 1
                     segmented += not isinstance(got[0], str) and bool(_segments(cg, got[0]))
     assert segmented > 10 and compared > segmented
+
+
+@pytest.mark.parametrize("reference", [False, True], ids=["compiled", "reference"])
+def test_a_drop_whose_remake_leaves_its_reader_no_room_is_refused(reference):
+    """b = relu(a) is cheap to make again from a (dead by then, so a temporary),
+    but the op that reads it again also reads x and g and makes p: at a 36 MiB
+    cap the remake's a and b beside those pass the cap.  The scan copies b out
+    instead of dropping it, and plans; dropping it would have left no room for
+    that op later (the scan failed: InfeasibleAllocation)."""
+    import dataclasses
+
+    from tfswap.core.graph import DataflowGraph, Op, Tensor
+
+    mib = 1 << 20
+    spec = dataclasses.replace(SPEC, h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9,
+                               duplex_bytes_per_s=1.5e9)
+    ops = [Op("x", "Placeholder", outputs=("x:0",), time_s=1e-5, phase="forward"),
+           Op("a", "MatMul", inputs=("x:0",), time_s=1e-4, phase="forward"),
+           Op("b", "Relu", inputs=("a:0",), time_s=1e-5, phase="forward"),
+           Op("d", "Conv2D", inputs=("b:0",), time_s=1e-3, phase="forward"),
+           Op("e", "Loss", inputs=("d:0",), time_s=1e-4, phase="forward"),
+           Op("g", "Grad", inputs=("e:0", "d:0"), time_s=1e-3, phase="backward"),
+           Op("p", "GradB", inputs=("g:0", "b:0", "x:0"), time_s=1e-3, phase="backward")]
+    tensors = [Tensor("x:0", 8 * mib), Tensor("a:0", 8 * mib), Tensor("b:0", 8 * mib),
+               Tensor("d:0", 16 * mib), Tensor("e:0", 8 * mib, kind="gradient"),
+               Tensor("g:0", 8 * mib, kind="gradient"), Tensor("p:0", 8 * mib, kind="gradient")]
+    graph = DataflowGraph.build(ops, tensors)
+    cg = CompiledGraph.build(graph, keep=["p:0"])
+    order = cg.order_of(None)
+    remakable = frozenset(i for i, op in enumerate(graph.ops) if op.name in ("a", "b"))
+    prog = byte_planner.build_program(cg, order, spec, 36 * mib, recompute=remakable,
+                                      recompute_share=0.5, reference=reference)
+    assert not prog.recomputes
+    assert {cg.buf_names[o.buf] for o in prog.outs if o.copy} == {"x:0", "b:0"}
