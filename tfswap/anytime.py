@@ -61,12 +61,16 @@ class PlanSpan:
     measured_peak_bytes: int | None   # its verification's (None: not measured here)
     first_call: int
     last_call: int | None = None   # None: the plan in use, or one no call ran yet
+    # device -> measured peak, for each device measured (a replicated step's every one).
+    measured_peaks: tuple = ()
 
     def describe(self) -> str:
         calls = "no call yet" if self.last_call is None and self.first_call == 0 else \
             f"calls {self.first_call}-" + ("" if self.last_call is None else str(self.last_call))
         measured = "" if self.measured_peak_bytes is None else \
             f", measured peak {self.measured_peak_bytes} B"
+        if len(self.measured_peaks) > 1:
+            measured += " (" + ", ".join(f"{d}: {b} B" for d, b in self.measured_peaks) + ")"
         return (f"plan {self.plan_id} ({self.planner}): {calls}, predicted step "
                 f"{self.predicted_step_s * 1e3:.3f} ms{measured}")
 
@@ -256,7 +260,8 @@ class AnytimeFunction:
 def _span(fast, first_call: int) -> PlanSpan:
     plan = fast.plan
     return PlanSpan(plan.id, plan.planner, plan.prediction.step_time_s,
-                    fast.measured_peak_bytes, first_call)
+                    fast.measured_peak_bytes, first_call,
+                    measured_peaks=tuple(fast.measured_peaks.items()))
 
 
 # The thread of the search started last: the next one starts when it has ended,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,9 @@ class OptimizedFunction:
     notes: tuple[str, ...] = ()
     measured_peak_bytes: int | None = None   # when optimize verified the plan by running it
     measured_on: str | None = None   # what measured_peak_bytes is: the device and the method
+    # device -> its measured peak (bytes): the device, or each replica's of a replicated
+    # step (measured_peak_bytes is the largest); empty where nothing was measured.
+    measured_peaks: dict = field(default_factory=dict)
     relocation: Any = None   # the user's variables this call moved to host memory, if any
     problem: Any = None
     replica_plans: tuple = ()   # a replicated step's other replicas' plans (captured.replicas)
@@ -301,7 +304,8 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
     planned, prepared = made.planned, made.planned.prepared
     notes = prepared.notes + planned.notes
     if verified.measured_peak_bytes is not None:
-        notes += (f"verified on {prepared.device} after {planned.attempt.replans} re-plan(s): "
+        where = "each replica's device" if prepared.replicas else prepared.device
+        notes += (f"verified on {where} after {planned.attempt.replans} re-plan(s): "
                   f"measured peak {verified.measured_peak_bytes} B <= budget",)
     elif planned.plan.planner != pipeline.NO_SWAP:
         notes += (f"not verified: {_unverified_reason(prepared)}; the peak is the memory "
@@ -319,6 +323,7 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
         budget_bytes=prepared.budget_bytes, device=prepared.device, host=prepared.host,
         search=planned.search, profile=prepared.profile, notes=notes,
         measured_peak_bytes=verified.measured_peak_bytes, measured_on=verified.measured_on,
+        measured_peaks=dict(verified.device_peaks),
         relocation=prepared.relocation, problem=planned.attempt.step.problem,
         replica_plans=planned.replica_plans, replicated=planned.replicated,
         candidates=planned.candidates)
@@ -390,7 +395,8 @@ def load_plan(path: str | Path, concrete_fn, *, device: str | None = None,
         device = device if device is not None else options.device
         host = host if host is not None else options.host
         device_spec = device_spec if device_spec is not None else options.device_spec
-    device, host = tf_device.placement(device, host)
+    device, host = tf_device.placement(device, host, () if device is not None
+                                       else capture_mod.strategy_devices(concrete_fn))
     captured = capture_mod.capture(concrete_fn, device=device)
     if captured.replicas:
         raise PlanMismatchError(

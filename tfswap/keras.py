@@ -95,9 +95,9 @@ class SwapCallback(keras.callbacks.Callback):
     the metrics and the weights are unaffected.
 
     Under a ``tf.distribute.MirroredStrategy`` each replica's batch is its
-    own argument of the planned step, and each device is planned for the
-    budget (:func:`tfswap.optimize` on a replicated step); such plans are not
-    saved to ``plan_path``.  Not supported (a clear error at ``fit``): other
+    own argument of the planned step, and each device (the strategy's: pass
+    ``host`` alone, or nothing) is planned for the budget (:func:`tfswap.optimize`
+    on a replicated step); such plans are not saved to ``plan_path``.  Not supported (a clear error at ``fit``): other
     ``tf.distribute`` strategies and ``run_eagerly=True``.  With ``jit_compile=True`` (Keras's "auto"
     where a GPU exists) the planned steps run without XLA, after a warning.
 
@@ -229,7 +229,8 @@ class SwapCallback(keras.callbacks.Callback):
         # A replicated step's plans (one per replica) are not saved to files yet.
         fast = self.store.function(key, trace, saved=replicas is None,
                                    what=f"{kind} step for batches shaped {shapes_text(key[1])}",
-                                   after_move=lambda: without_xla(self.model, self._saved))
+                                   after_move=lambda: without_xla(self.model, self._saved),
+                                   live=lambda: live_variables(self.model))
         if fast is None:
             return self._keras_step(
                 kind, original, f"a {kind} batch shaped {shapes_text(key[1])} differs from the "

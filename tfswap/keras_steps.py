@@ -188,11 +188,20 @@ def check_model(model, warned: set) -> None:
 
 def live_variables(model) -> set:
     """The ids of the variables ``model`` uses now (its weights, metrics and
-    optimizer): a plan bound to others is stale (:meth:`PlanStore.forget_stale`)."""
+    optimizer): a plan bound to others is stale (:meth:`PlanStore.forget_stale`).
+    Under a ``tf.distribute`` strategy a Keras variable holds a distributed
+    variable whose components (one per replica) are what a step captures, so
+    those count too."""
     state = list(model.variables) + list(model.metrics_variables)
     if model.optimizer is not None:
         state += list(model.optimizer.variables)
-    return {id(getattr(v, "_value", v)) for v in state}
+    live = set()
+    for v in state:
+        value = getattr(v, "_value", v)
+        live.add(id(value))
+        if isinstance(value, tf.distribute.DistributedValues):
+            live.update(id(component) for component in value.values)
+    return live
 
 
 def without_xla(model, saved: dict) -> None:

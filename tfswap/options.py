@@ -33,7 +33,9 @@ class Options:
     ``memory_budget``: bytes (int), a string such as "12GiB", or a fraction
     of the device's memory (float in (0, 1]).  ``device``/``host``: where the
     step runs and where swapped tensors wait (default: the emulated device if
-    set up, else the first GPU and CPU:0).  Variables stay where they live:
+    set up, else the first GPU and CPU:0); both or neither, except for a step a
+    ``tf.distribute`` strategy replicates, whose devices are the strategy's
+    (``host`` alone, or nothing, is enough).  Variables stay where they live:
     a model and optimizer created under ``tf.device(host)`` keep their
     parameters and optimizer state in host memory, and the plan fetches each
     read before its use on the device (SwapAdvisor's parameter swapping; the

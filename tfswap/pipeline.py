@@ -176,6 +176,8 @@ class Verified:
     measured_peak_bytes: int | None   # None: this device's peak cannot be measured here
     measured_on: str | None = None    # what was measured, on which device, and how
     out_of_memory: bool = False       # the step failed for want of device memory
+    # ((device, peak bytes), ...): each device measured; a replicated step's every one.
+    device_peaks: tuple = ()
 
     @property
     def within_budget(self) -> bool:
@@ -212,7 +214,9 @@ def prepare(concrete_fn, options: Options) -> Prepared:
     """Capture ``concrete_fn``, profile it and lower it to a
     :class:`~tfswap.core.problem.Problem`."""
     started = time.monotonic()
-    device, host = placement(options.device, options.host)
+    # Under a strategy the replicas' devices are the strategy's: none need be named.
+    device, host = placement(options.device, options.host, () if options.device is not None
+                             else capture_mod.strategy_devices(concrete_fn))
     captured = _captured(concrete_fn, options, device, host)
     unshared, spec_note = choose_spec(options.device_spec, device)
     # The replicas copy at the same time, over one host's link.
@@ -401,8 +405,11 @@ def verify(made: Materialized) -> Verified:
     if prepared.replicas:
         return Verified(made, *measure_replicas(made, verification.SESSIONS))
     if prepared.peak_method == measure.ALLOCATOR:   # GPU-only
-        return Verified(made, *verification.by_allocator(made))
-    return Verified(made, *verification.by_step_stats(made))
+        verified = Verified(made, *verification.by_allocator(made))
+    else:
+        verified = Verified(made, *verification.by_step_stats(made))
+    return dataclasses.replace(verified, device_peaks=(
+        (prepared.device, verified.measured_peak_bytes),))
 
 
 # ---------------------------------------------------------------- refine

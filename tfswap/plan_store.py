@@ -96,6 +96,9 @@ class PlanStore:
         self.directory, self.options, self.name, self.verbose = directory, options, name, verbose
         self.new_shapes, self.background = new_shapes, background
         self.functions: dict = {}
+        # key -> ids of the captured variables that were the caller's when the key
+        # was planned (``live`` of :meth:`function`); absent: every captured one.
+        self._owned: dict = {}
 
     def path(self, kind: str, key) -> Path | None:
         """The plan file of ``key`` (None without a directory)."""
@@ -105,12 +108,18 @@ class PlanStore:
         return self.directory / f"{self.name}-{kind}-{digest}.plan.json"
 
     def function(self, key, trace: Callable, saved: bool = True, what: str | None = None,
-                 after_move: Callable[[], None] | None = None):
+                 after_move: Callable[[], None] | None = None,
+                 live: Callable[[], set] | None = None):
         """The function for ``key``, a (kind, signature) pair, planned (or loaded) on
         its first use: ``trace()`` gives the step's ConcreteFunction and sample
         inputs, called only then.  None where ``new_shapes`` is "original" and a
         step of this kind is planned already.  ``saved``: as for :meth:`plan`.
-        ``what``: how the printed lines name the step.
+        ``what``: how the printed lines name the step.  ``live()``: the ids of
+        the caller's variables once the step is traced (as :meth:`forget_stale`
+        takes them); only those of the step's captured variables make its plan
+        stale later: a step may capture variables that are not the caller's and
+        that nothing replaces, such as the ordering tokens a ``MirroredStrategy``
+        gives its collectives.  None: every captured variable must stay live.
 
         A plan that moves variables to host memory calls ``after_move()`` (the
         caller's own functions to adjust), then the store forgets every other
@@ -127,6 +136,9 @@ class PlanStore:
             return None
         concrete_fn, inputs = trace()
         fast, path, _ = self.plan(kind, key, concrete_fn, inputs, saved=saved)
+        if live is not None:
+            owned = live()
+            self._owned[key] = {id(v) for v in fast.captured.variables if id(v) in owned}
         if fast.relocation is not None:
             if after_move is not None:
                 after_move()
@@ -140,6 +152,7 @@ class PlanStore:
         None, whether it was planned here).  ``background``: None, the store's.
         ``saved`` False: no file (a replicated step's plans, one per replica, are
         not saved yet)."""
+        self._owned.pop(key, None)   # until function() says whose variables these are
         path = self.path(kind, key) if saved else None
         fast = self._load(path, concrete_fn) if path is not None and path.exists() else None
         planned = fast is None
@@ -159,6 +172,7 @@ class PlanStore:
     def forget(self, keys) -> None:
         """Drop the functions of ``keys``, ending their background searches."""
         for key in keys:
+            self._owned.pop(key, None)
             fast = self.functions.pop(key, None)
             if isinstance(fast, anytime.AnytimeFunction):
                 fast.stop()
@@ -169,14 +183,21 @@ class PlanStore:
         optimizer or metrics, or another model, running such a plan would update
         the wrong objects) and, where any was, the keys the caller ran
         unmodified, decided for the old model too."""
-        stale = [key for key, fast in self.functions.items() if fast is not None and any(
-            id(v) not in live for v in fast.captured.variables)]
+        stale = [key for key, fast in self.functions.items()
+                 if fast is not None and not self.bound_to(key) <= live]
         if not stale:
             return
         if self.verbose >= 1:
             print(f"tfswap: {len(stale)} planned step(s) captured variables this model no "
                   "longer uses (compiled again, or another model); planning them again")
         self.forget(stale + [key for key, fast in self.functions.items() if fast is None])
+
+    def bound_to(self, key) -> set:
+        """The ids of the variables whose replacement makes ``key``'s plan stale:
+        the caller's among those its step captured (see :meth:`function`)."""
+        fast = self.functions[key]
+        ids = {id(v) for v in fast.captured.variables}
+        return ids & self._owned[key] if key in self._owned else ids
 
     def _announce(self, fast, what: str, path: Path | None) -> None:
         """Print the plan made or loaded for ``what``, and later each switch to a

@@ -140,11 +140,12 @@ def timeout_s(prepared) -> float:
     return max(REPLICATED_MIN_TIMEOUT_S, REPLICATED_TIMEOUT_FACTOR * step)
 
 
-def measure_replicas(made, sessions: int) -> tuple[int, str, bool]:
+def measure_replicas(made, sessions: int) -> tuple[int, str, bool, tuple]:
     """Each replica's device of a materialized step (:class:`tfswap.pipeline.Materialized`)
     measured as :func:`tfswap.pipeline.verify` measures one (``sessions`` of 3 runs
     on the emulated devices): (the worst device's peak, the step's, as the budget
-    is per device; how it was measured; whether a device ran out of memory)."""
+    is per device; how it was measured; whether a device ran out of memory;
+    ((device, its peak), ...) in the replicas' order)."""
     prepared = made.planned.prepared
     devices = (prepared.device,) + tuple(r.device for r in prepared.replicas)
     peaks, out_of_memory = {}, False
@@ -170,7 +171,7 @@ def measure_replicas(made, sessions: int) -> tuple[int, str, bool]:
         f"step stats, worst of 3 runs in each of {sessions} sessions"
     return (max(peaks.values()),
             "per device (" + ", ".join(f"{d}: {b} B" for d, b in peaks.items()) + f"), {how}",
-            out_of_memory)
+            out_of_memory, tuple(peaks.items()))
 
 
 __all__ = ["REPLICATED_MIN_TIMEOUT_S", "REPLICATED_TIMEOUT_FACTOR", "Replica",

@@ -170,3 +170,14 @@ def test_no_emulated_device_and_no_gpu_says_how_to_set_one_up():
                                                     "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert "REFUSED tfswap found no GPU" in out.stdout
     assert "tfswap.tf.emulate.setup()" in out.stdout
+
+
+def test_host_alone_is_refused_where_no_strategy_names_the_device():
+    """Under a tf.distribute strategy the replicas' devices are the step's; a step on
+    one device gives ``host=`` nothing to go with, so the device must be named."""
+    cf = tf.function(lambda x: {"y": x * 2}).get_concrete_function(tf.TensorSpec([4]))
+    with pytest.raises(ValueError, match=r"host='/device:CPU:1' alone does not say where the "
+                                         r"step runs.*not replicated.*Pass device= as well"):
+        tfswap.optimize(cf, "1MiB", host="/device:CPU:1")
+    with pytest.raises(ValueError, match=r"device='/device:CPU:0' alone.*pass host= as well"):
+        tfswap.optimize(cf, "1MiB", device="/device:CPU:0")

@@ -60,3 +60,20 @@ def test_a_store_without_a_directory_keeps_plans_in_memory_only(step, tmp_path):
     with pytest.raises(ValueError, match="must be a directory"):
         plan_directory(tmp_path / "file")
     assert np.all(np.isfinite([float(fast(*s.batch)["loss"])]))
+
+
+def test_only_the_callers_variables_make_a_plan_stale(step):
+    """A step may capture variables that are not the caller's (a ``MirroredStrategy``'s
+    collectives' ordering tokens): they never make its plan stale; replacing one the
+    caller had when it was planned does (issue #43: every epoch planned again)."""
+    s, captured, budget = step
+    store = PlanStore(None, tfswap.Options(budget, generations=1, seed=0, workers=1,
+                                           parameters="device"), verbose=0, background=False)
+    variables = captured.variables
+    theirs = {id(v) for v in variables[1:]}     # variables[0] stands for a strategy's
+    fast = store.function("k", lambda: (s.concrete_fn, s.batch), live=lambda: theirs)
+    assert store.bound_to("k") == theirs
+    store.forget_stale(theirs)
+    assert store.functions == {"k": fast}
+    store.forget_stale(theirs - {id(variables[1])})
+    assert store.functions == {}

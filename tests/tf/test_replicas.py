@@ -55,6 +55,8 @@ def test_each_replica_fits_its_device_and_trains_as_the_unmodified_replicated_st
     assert len(fast.replica_plans) == 1 and fast.plan.swaps and fast.replica_plans[0].swaps
     assert fast.measured_peak_bytes <= budget
     assert all(f"{d}:" in fast.measured_on for d in REPLICAS)
+    assert set(fast.measured_peaks) == set(REPLICAS)
+    assert max(fast.measured_peaks.values()) == fast.measured_peak_bytes
     # The devices simulated together, meeting at the all-reduce: the step no faster
     # than its slower device's plan alone on the whole link.
     assert fast.replicated is not None and len(fast.replicated.devices) == 2
@@ -73,6 +75,23 @@ def test_each_replica_fits_its_device_and_trains_as_the_unmodified_replicated_st
 def bert_replicated():
     step = replicated(zoo.bert, batch=16, seq=128)
     return step, capture.capture(step.concrete_fn, device=emulate.DEVICE)
+
+
+def test_the_strategy_names_the_replicas_devices(bert_replicated):
+    """From the step's collectives, or, for a step without any (Keras's evaluation
+    step under the strategy), from the mirrored variables' components it reads."""
+    step, captured = bert_replicated
+    assert capture.strategy_devices(step.concrete_fn) == REPLICAS
+    import keras
+
+    with STRATEGY.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile(optimizer="sgd", loss="mse", jit_compile=False)
+    shards = tuple((np.ones((2, 4), np.float32), np.ones((2, 2), np.float32)) for _ in REPLICAS)
+    test = tfswap.keras.step_function(model, shards, "test", replicated=True)
+    assert capture.strategy_devices(test) == REPLICAS
+    assert capture.capture(test, device=emulate.DEVICE).replicas == REPLICAS
+    assert capture.strategy_devices(zoo.cnn(batch=4, image=8, blocks=1).concrete_fn) == ()
 
 
 def test_the_replicas_collectives_are_matched_one_op_per_device(bert_replicated):
@@ -310,7 +329,12 @@ def test_the_smallest_budget_a_replicated_step_is_refused_with_works_on_every_de
         tfswap.optimize(step.concrete_fn, 100_000, device=emulate.DEVICE, host=emulate.HOST,
                         generations=1, workers=1, inputs=step.batch)
     smallest = int(str(err.value).split("smallest budget that can work is about ")[1].split()[0])
-    fast = tfswap.optimize(step.concrete_fn, smallest, device=emulate.DEVICE,
-                           host=emulate.HOST, generations=1, workers=1, inputs=step.batch)
+    # host= alone: the step's device is the strategy's first (issue #43).
+    fast = tfswap.optimize(step.concrete_fn, smallest, host=emulate.HOST, generations=1,
+                           workers=1, inputs=step.batch)
+    assert fast.device == emulate.DEVICE and fast.captured.replicas == REPLICAS
     assert fast.measured_peak_bytes is None or fast.measured_peak_bytes <= smallest
     assert len(fast.replica_plans) == 1
+    if fast.measured_peak_bytes is not None:
+        assert set(fast.measured_peaks) == set(REPLICAS)
+        assert max(fast.measured_peaks.values()) == fast.measured_peak_bytes

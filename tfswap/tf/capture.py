@@ -220,7 +220,7 @@ def capture(concrete_fn, optimize: bool = True, device: str | None = None,
         owner[id(var.handle)] = var
     device = device or grappler.default_device()
     graph_def = graph.as_graph_def(add_shapes=True)
-    replicas = replica_devices(graph_def, device)
+    replicas = replica_devices(graph_def, device, variables)
     if replicas:
         # A strategy's own variables (the collectives' ordering tokens) are captured
         # without being the graph's variables.
@@ -281,12 +281,70 @@ COLLECTIVE_OPS = frozenset({
     "CollectiveAllToAllV3", "NcclAllReduce", "NcclReduce", "NcclBroadcast"})
 
 
-def replica_devices(graph_def, device: str) -> tuple[str, ...]:
+def strategy_devices(concrete_fn) -> tuple[str, ...]:
+    """The devices a ``tf.distribute`` strategy runs ``concrete_fn``'s replicas on
+    (this worker's, without job and task), in the strategy's order (by device
+    type, then index): those of its traced graph's collective ops, or, for a step
+    with none (Keras's evaluation and prediction steps under a
+    ``MirroredStrategy`` reduce nothing across replicas), those of the mirrored
+    variables' components it reads; () for a step of neither kind.  What
+    :func:`tfswap.tf.device.placement` takes the step's device from when none is
+    given: under a strategy the user names the devices once, to the strategy.
+
+    Example::
+
+        strategy_devices(cf)        # ('/device:GPU:0', '/device:GPU:1')
+    """
+    if isinstance(concrete_fn, SizedFunction):
+        concrete_fn = concrete_fn.function
+    graph = getattr(concrete_fn, "graph", None)
+    if graph is None:
+        return ()
+    graph_def = graph.as_graph_def()
+    nodes = list(graph_def.node) + [n for fn in graph_def.library.function
+                                    for n in fn.node_def]
+
+    def order(device):
+        spec = tf.DeviceSpec.from_string(device)
+        return spec.device_type or "", spec.device_index or 0
+
+    found = set(_collective_devices(nodes))
+    if not found:
+        try:
+            variables = graph.variables
+        except AssertionError:   # collected after tracing: capture() says so, not here
+            variables = ()
+        found = {local_device(c.device) for c in _mirrored_components(variables)}
+    return tuple(sorted(found, key=order))
+
+
+def _mirrored_components(variables):
+    """The components of distributed variables among ``variables``: what a
+    replica of a ``tf.distribute`` step reads (one per replica's device)."""
+    for v in variables:
+        # TF's DistributedVariable marks each component (its handle, where the
+        # component is a CompositeTensor) with a weak reference to itself; no
+        # public API says whether a variable is one's component.
+        container = getattr(v, "_distributed_container", None) or getattr(
+            getattr(v, "handle", None), "_distributed_container", None)
+        whole = container() if callable(container) else None
+        if isinstance(whole, tf.distribute.DistributedValues):
+            yield from whole.values
+
+
+def _collective_devices(nodes):
+    return (local_device(n.device) for n in nodes if n.op in COLLECTIVE_OPS and n.device)
+
+
+def replica_devices(graph_def, device: str, variables=()) -> tuple[str, ...]:
     """The devices a step is replicated on (``strategy.run`` under a
     ``tf.distribute`` strategy), ``device`` first, then by name; () for a step
     on one device.  A replica is told by its collective ops (all-reduce,
-    gather, broadcast): on a CPU device the host is a CPU too, so a CPU op
-    elsewhere says nothing; on a GPU, ops on another GPU also make a replica.
+    gather, broadcast) and by the mirrored variables' components among
+    ``variables`` (the step's), one per replica: a step that reduces nothing
+    across replicas (Keras's evaluation step) has no collective.  On a CPU
+    device the host is a CPU too, so a CPU op elsewhere says nothing; on a GPU,
+    ops on another GPU also make a replica.
     Raises :class:`CaptureError` when ``device`` is not one of them."""
     def functions_too():
         yield from graph_def.node
@@ -294,8 +352,8 @@ def replica_devices(graph_def, device: str) -> tuple[str, ...]:
             yield from fn.node_def
 
     kind = tf.DeviceSpec.from_string(device).device_type
-    found = {local_device(n.device) for n in functions_too()
-             if n.op in COLLECTIVE_OPS and n.device}
+    found = set(_collective_devices(functions_too())) | {
+        local_device(c.device) for c in _mirrored_components(variables)}
     if kind != "CPU":
         found |= {local_device(n.device) for n in graph_def.node if n.device
                   and tf.DeviceSpec.from_string(n.device).device_type == kind}

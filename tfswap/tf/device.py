@@ -27,12 +27,33 @@ class NoDeviceError(RuntimeError):
     """Neither a GPU nor the emulated device is there to run the step on."""
 
 
-def placement(device: str | None, host: str | None) -> tuple[str, str]:
-    """Where the step runs and where swapped tensors wait."""
+def placement(device: str | None, host: str | None,
+              replicas: tuple[str, ...] = ()) -> tuple[str, str]:
+    """Where the step runs and where swapped tensors wait: (device, host).
+
+    ``replicas``: the devices a ``tf.distribute`` strategy replicates the step
+    over (:func:`tfswap.tf.capture.strategy_devices`).  Where they are known the
+    step's device need not be named: it is the strategy's first (each replica
+    is planned on its own device), and ``host`` alone, or nothing, is enough.
+    Without them, ``device`` and ``host`` go together: both, or neither (the
+    emulated device and its host, else the first GPU and CPU:0).
+    """
+    if device is None and replicas:
+        device = replicas[0]
+        if host is None:
+            host = emulate.HOST if emulate.is_active() else "/device:CPU:0"
+        return this_worker(device), this_worker(host)
     if device is not None or host is not None:
-        if device is None or host is None:
-            raise ValueError("pass both device and host (e.g. '/device:GPU:0' and "
-                             "'/device:CPU:0'), or neither")
+        if device is None:
+            raise ValueError(
+                f"host={host!r} alone does not say where the step runs: this step is not "
+                "replicated by a tf.distribute strategy (it has no collective op whose "
+                "devices would be its replicas'). Pass device= as well (e.g. "
+                "'/device:GPU:0'), or neither")
+        if host is None:
+            raise ValueError(
+                f"device={device!r} alone does not say where swapped tensors wait: pass "
+                "host= as well (e.g. '/device:CPU:0'), or neither")
         return device, host
     if emulate.is_active():
         return this_worker(emulate.DEVICE), this_worker(emulate.HOST)
