@@ -56,9 +56,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from trials import emit, read_rows, run_child, step_time, sync, write_rows  # noqa: E402
+from research.trials import emit, read_rows, run_child, step_time, sync, write_rows  # noqa: E402
 
 POLICIES = ("tf", "checkpoint", "tf_swap", "tfswap")
 COLUMNS = ("model", "policy", "cap_bytes", "largest_batch", "largest_vs_tf",
@@ -195,7 +194,7 @@ def _emulated_peak(fn, batch) -> int:
 
 def _swapping(fn):
     """``fn`` called under Grappler's swapping heuristics."""
-    import tf_peers
+    from research import tf_peers
     from tfswap.tf.runtime import function_config
 
     config = tf_peers.swapping_config()
@@ -210,7 +209,7 @@ def run_trial(args, model: str, policy: str, batch: int, capped: bool, device: s
     """One trial's row: does ``policy`` train ``model`` at ``batch`` on the card?"""
     import tensorflow as tf
 
-    import tf_peers
+    from research import tf_peers
 
     cap = cap_of(args, model)
     row = dict(model=model, policy=policy, batch=batch, capped=capped, cap_bytes=cap,

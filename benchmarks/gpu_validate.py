@@ -75,9 +75,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from trials import emit, read_rows, run_child, step_time, sync, write_rows  # noqa: E402
+from research.trials import emit, read_rows, run_child, step_time, sync, write_rows  # noqa: E402
 
 COLUMNS = ("model", "batch", "fraction", "budget_bytes", "predicted_peak_bytes",
            "measured_peak_bytes", "predicted_step_s", "measured_step_s", "unmodified_step_s",

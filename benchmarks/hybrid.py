@@ -40,7 +40,6 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tfswap.tf import emulate  # noqa: E402
 
@@ -117,7 +116,7 @@ def run(name: str, fraction: float, args) -> list[dict]:
             fast.captured, fast.plan, fast.device, fast.host,
             emulated_link_bytes_per_s=args.link_bandwidth).graph_def)
     if args.checkpoint:
-        import tf_peers
+        from research import tf_peers
 
         step = MODELS[name]()
         fn, _ = tf_peers.checkpointed(step)

@@ -158,12 +158,11 @@ def test_gpu_peers_finds_each_policys_largest_batch_on_the_emulated_card(tmp_pat
 
 
 def test_gradient_checkpointing_trains_as_the_plain_step():
-    """benchmarks/tf_peers.checkpointed: tf.recompute_grad around each block gives
+    """research/tf_peers.checkpointed: tf.recompute_grad around each block gives
     the plain step's losses and weights (recomputation repeats the same ops)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import numpy as np
 
-    import tf_peers
+    from research import tf_peers
     from tfswap import zoo
 
     def build():

@@ -1,6 +1,6 @@
 """Issue #30: tfswap against ``tf.recompute_grad`` at the same batch, timed in turns.
 
-    .venv/bin/python benchmarks/peers_paired.py --model lstm4 --batch 72 [--cap 5MiB]
+    .venv/bin/python research/studies/peers_paired.py --model lstm4 --batch 72 [--cap 5MiB]
         [--rounds 5] [--steps 5] [--generations 2] [--out benchmarks/out/peers_paired.csv]
 
 ``benchmarks/gpu_peers.py --emulated --small`` times each policy once, in its
@@ -25,17 +25,16 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from tfswap.tf import emulate  # noqa: E402
 
 emulate.setup()
 
-import gpu_peers  # noqa: E402
-import tf_peers  # noqa: E402
-from trials import step_time, sync  # noqa: E402
+from benchmarks import gpu_peers  # noqa: E402
+from research import tf_peers  # noqa: E402
+from research.trials import step_time, sync  # noqa: E402
 
 COLUMNS = ("model", "batch", "cap_bytes", "policy", "peak_bytes", "step_s_median",
            "step_s_rounds", "vs_checkpoint_rounds")
