@@ -148,7 +148,12 @@ def test_each_step_is_planned_once_across_epochs_evaluate_and_predict(run):
     assert "train" in result["searched"] and result["searches"] == len(result["searched"])
     assert result["kept"]
     assert "no longer uses" not in printed
-    assert printed.count("tfswap: train step for batches") == 1
+    # Planned once; a later line names the step again only when the background
+    # search's plan takes over, which depends on how soon that search ends.
+    announced = [line for line in printed.splitlines()
+                 if line.startswith("tfswap: train step for batches")
+                 and "from the background search takes over" not in line]
+    assert len(announced) == 1, announced
 
 
 def test_every_training_plan_is_within_the_budget_on_each_device_after_fit(run):
