@@ -95,8 +95,8 @@ from tfswap.core.plan import Allocation, Plan, Prediction
 from tfswap.core.infeasible import InfeasibleAllocation
 from tfswap.core.planner import default_allocation, ideal_times
 from tfswap.core.program import (START, InRec, OutRec, Program, RecomputeRec, _recompute_order,
-                                 _schedule_lookup,
-                                 canonical, inputs_back, to_plan_swaps)
+                                 _schedule_lookup, canonical, chain_copies, inputs_back,
+                                 to_plan_swaps)
 from tfswap.core.recompute import ChainIndex, value_chain
 from tfswap.core.simulator import PlanError, SimResult, run_program, try_program_rows
 
@@ -206,9 +206,7 @@ def _chain_buffers(cg: CompiledGraph, ops, b: int, need: int,
     its fresh copy (:func:`tfswap.core.program.fresh_copies`)."""
     made = {int(x) for op in ops for x in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]}
     read = {int(x) for op in ops for x in cg.op_in[cg.op_in_ptr[op]:cg.op_in_ptr[op + 1]]}
-    fresh = cg.buf_fresh
-    copies = {x: int(fresh[x]) for x in made
-              if x != b and fresh[x] >= 0 and last_use[x] >= need}
+    copies = chain_copies(cg, ops, b, need, last_use)
     if copies:
         made = {copies.get(x, x) for x in made}
         read = {copies.get(x, x) for x in read}

@@ -80,8 +80,8 @@ def fresh_copies(cg: CompiledGraph, order, rec: RecomputeRec) -> dict[int, int]:
     """The buffers ``rec``'s ops make that the step still holds at its ``need``
     (another value written over in place since, another output of an op it
     runs), each mapped to the fresh copy (``cg.buf_fresh``) the chain makes it
-    in instead, held while the chain runs.  :func:`tfswap.core.recompute.value_chain` decides by the
-    same rule, so this is what any chain it gave makes."""
+    in instead, held while the chain runs.  :func:`tfswap.core.recompute.value_chain`
+    decides by the same rule, so this is what any chain it gave makes."""
     return recompute_copies(cg, order, (rec,))[0]
 
 
@@ -103,14 +103,23 @@ def recompute_copies(cg: CompiledGraph, order, recs) -> list[dict[int, int]]:
         key = (rec.buf, rec.need, rec.ops)
         copies = got.get(key)
         if copies is None:
-            made = [int(x) for p in recompute_ops(cg, rec)
-                    for x in cg.op_out[cg.op_out_ptr[p]:cg.op_out_ptr[p + 1]]
-                    if x != rec.buf and fresh[x] >= 0]
-            if made and last is None:
+            ops = recompute_ops(cg, rec)
+            if last is None and any(fresh[x] >= 0 for p in ops
+                                    for x in cg.op_out[cg.op_out_ptr[p]:cg.op_out_ptr[p + 1]]):
                 last = last_uses(cg, order)
-            copies = got[key] = {x: int(fresh[x]) for x in made if last[x] >= rec.need}
+            copies = got[key] = chain_copies(cg, ops, rec.buf, rec.need, last) if last else {}
         out.append(copies)
     return out
+
+
+def chain_copies(cg: CompiledGraph, ops, buf: int, need: int, last_use) -> dict[int, int]:
+    """The rule of :func:`fresh_copies` for ops that make ``buf`` again before
+    position ``need``: each other buffer they make that is used at or after
+    ``need`` (``last_use``: :func:`last_uses` of the order) -> its fresh copy."""
+    fresh = cg.buf_fresh
+    return {int(x): int(fresh[x]) for p in ops
+            for x in cg.op_out[cg.op_out_ptr[p]:cg.op_out_ptr[p + 1]]
+            if x != buf and fresh[x] >= 0 and last_use[x] >= need}
 
 
 def _has_copies(cg: CompiledGraph) -> bool:
