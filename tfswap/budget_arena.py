@@ -35,15 +35,22 @@ def arena_allocation(planned) -> Allocation:
     return layout.without_resident(result, plan.allocation, resident)
 
 
+def serves_pool(prepared) -> bool:
+    """Whether the step's buffers will come from the plan's pool, each an object of
+    its size class (``prepared``: a :class:`tfswap.pipeline.Prepared`): on a GPU
+    that allocates from a budget arena.  Elsewhere TensorFlow's allocator gives
+    each buffer its own bytes."""
+    return prepared.peak_method == measure.ALLOCATOR and \
+        allocator.installed_gpu_arena(prepared.device) is not None
+
+
 def arena_scope(planned):
     """On a GPU that allocates from a budget arena: the plan's pool registered with
     it, and what makes it serve each call; else None."""
     prepared, plan = planned.prepared, planned.plan
-    if prepared.peak_method != measure.ALLOCATOR or plan.allocation is None:
+    if plan.allocation is None or not serves_pool(prepared):
         return None
     arena = allocator.installed_gpu_arena(prepared.device)
-    if arena is None:
-        return None
     pool = arena_allocation(planned)
     return arena.binding(allocator.PoolAllocation(
         class_bytes=pool.class_bytes, class_count=pool.class_count,
@@ -59,4 +66,4 @@ def arena_of(made):
     return allocator.installed_gpu_arena(made.planned.prepared.device)
 
 
-__all__ = ["arena_allocation", "arena_of", "arena_scope"]
+__all__ = ["arena_allocation", "arena_of", "arena_scope", "serves_pool"]

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfswap import budget_advice, verification
-from tfswap.budget_arena import arena_scope
+from tfswap.budget_arena import arena_scope, serves_pool
 from tfswap.core import bound, planners, search, simulator
 from tfswap.core.budget import BudgetError, parse_budget
 from tfswap.core.devices import DeviceSpec
@@ -356,8 +356,22 @@ def fits_unmodified(prepared: Prepared, attempt: Attempt, profile=None) -> bool:
 
 
 def _finish(found: Plan, prepared: Prepared, attempt: Attempt) -> Plan:
-    return finish(found, prepared.captured, attempt.step.lowered, prepared.budget_bytes,
-                  attempt.outside_bytes, prepared.update_places)
+    return finish(_held(found, prepared, attempt), prepared.captured, attempt.step.lowered,
+                  prepared.budget_bytes, attempt.outside_bytes, prepared.update_places)
+
+
+def _held(found: Plan, prepared: Prepared, attempt: Attempt) -> Plan:
+    """``found`` predicting the peak the device will hold: where TensorFlow's
+    allocator serves the step, its buffers at their own sizes
+    (:func:`tfswap.core.simulator.held_peak_bytes`), not the pool's objects at
+    their classes' that the planners predict, which only a budget arena holds."""
+    if found.prediction.peak_bytes is None or serves_pool(prepared):
+        return found
+    problem = attempt.step.problem
+    held = simulator.held_peak_bytes(problem.graph, found, prepared.spec, keep=problem.keep,
+                                     compiled=problem.compiled)
+    return dataclasses.replace(found, prediction=dataclasses.replace(found.prediction,
+                                                                     peak_bytes=held))
 
 
 # ---------------------------------------------------------------- materialize

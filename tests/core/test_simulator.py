@@ -306,3 +306,19 @@ def test_a_buffer_moved_as_its_slices_simulates_as_the_buffer_swap():
     # Two copies each way: the swap-out and swap-in each pay the latency twice.
     assert simulate(g, slices, latency).step_time_s == \
         simulate(g, whole, latency, copy_parts={whole.swaps[0].id: 2}).step_time_s
+
+
+def test_held_peak_counts_buffers_at_their_own_sizes_not_their_classes():
+    """Issue #44: a pool of one 4 MB class holds each 1 MB buffer of the chain in a
+    4 MB object; TensorFlow's allocator holds 1 MB for it."""
+    from tfswap.core import liveness
+    from tfswap.core.simulator import held_peak_bytes
+
+    ops = [Op("a", "X", time_s=1.0), Op("b", "X", ("a:0",), time_s=1.0),
+           Op("c", "X", ("b:0",), time_s=4.0), Op("d", "X", ("c:0", "a:0"), time_s=1.0)]
+    g = DataflowGraph.build(ops, [Tensor("a:0", MB), Tensor("b:0", MB), Tensor("c:0", MB),
+                                  Tensor("d:0", 4 * MB)])
+    plan = Plan(schedule=("a", "b", "c", "d"), allocation=Allocation((4 * MB,), (3,)))
+    assert simulate(g, plan, LINK).peak_bytes == 3 * 4 * MB
+    held = held_peak_bytes(g, plan, LINK)
+    assert held == liveness.peak(g, plan.schedule) == 4 * MB + 2 * MB
