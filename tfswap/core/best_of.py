@@ -144,10 +144,14 @@ def byte_planned(problem: Problem, budget_bytes: int, spec: DeviceSpec,
         seen.add(order)
         for lookahead in BYTE_LOOKAHEADS:
             try:
+                # The plan without recomputation is scanned with TF's prefetch
+                # only: with the later one it never was the fastest on the Fig. 6
+                # rows (V100 and H100 bf16, 2026-11-27).
                 found = byte_planner.variants(problem.graph, budget_bytes, spec,
                                               schedule=schedule, compiled=cg, memory="shared",
                                               lookahead=lookahead,
-                                              recomputable=problem.recomputable)
+                                              recomputable=problem.recomputable,
+                                              swaps_alone=lookahead is None)
             except Infeasible:
                 continue
             for plan in found:

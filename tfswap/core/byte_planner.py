@@ -104,23 +104,34 @@ UNLIMITED = 1 << 62
 MEMORY_MODELS = ("live", "shared")
 # A buffer is made again instead of moved where its ops take at most this
 # share of its round trip's copy time.  Which share is best depends on the
-# step (on the simulated V100 at 16 GiB: ResNet-50 b512 gains most at 0.5,
-# Inception-V3 b512, BERT-base b64 and NASNet b512 at 0.1), so each is tried
-# and the fastest plan kept.
-RECOMPUTE_SHARES = (0.1, 0.5)
+# step (on the simulated V100 at 16 GiB: ResNet-50 b512 gains most at 0.1,
+# BERT-base b64 at 0.5; on the H100 bf16 BERT-base b64 at 0.25: 0.758 of ideal
+# against 0.741 with 0.1 and 0.5), so each is tried and the fastest plan kept.
+RECOMPUTE_SHARES = (0.1, 0.25, 0.5)
 # Which of the buffers cheaper to make again is dropped first when the cap is
 # passed: the one used farthest ahead (Belady: the drop relieves the most
 # positions), or the one whose ops take the least time per byte (Capuchin's
 # ranking: where nothing has to cross the link, the recomputation's time is
 # the whole cost; Inception-V3 b256 on the simulated H100 bf16 at 16 GiB:
-# 0.974 of ideal against 0.957 farthest first).  Both are tried.
+# 0.974 of ideal against 0.957 farthest first).
 DROP_ORDERS = ("farthest", "cheapest")
+# The (share, drop order) pairs :func:`variants` scans.  On the Fig. 6 rows
+# (V100 16 GiB and H100 bf16, 25 rows, TF's order, 2026-11-27) the
+# cheapest-first order never gave the fastest plan at a share above 0.1 where
+# 0.1 did not give one as fast, so it is scanned at 0.1 alone.
+RECOMPUTE_VARIANTS = ((0.1, "farthest"), (0.1, "cheapest"), (0.25, "farthest"),
+                      (0.5, "farthest"))
 # A segment (a dropped buffer whose remake reads another dropped buffer, made
 # again first, at the same position) is dropped only while what the remakes at
 # each position make, temporaries included, takes at most this share of the
 # cap less the parameters (kept on the device): the segment is held there at
 # once, and only what it makes for itself leaves after that op.
 SEGMENT_SHARE = 0.25
+
+
+# Caps guessed from the arena's overhead before the shared arena's cap is
+# bisected (see _plan_in).
+GUESSES = 2
 
 
 # Orders whose order-only data a compiled graph keeps (the byte planner scans
@@ -218,19 +229,27 @@ def _static(cg: CompiledGraph, order) -> _Static:
                  lambda: _Static(cg, [int(o) for o in order]))
 
 
-def _chains(cg: CompiledGraph, order: list[int], allowed: frozenset) -> "_Chains":
+def _chains(cg: CompiledGraph, order: list[int], allowed: frozenset,
+            scratch: bool = False) -> "_Chains":
     """The :class:`_Chains` of ``order`` for ``allowed`` (its memo shared by every
-    scan of that order: a chain depends on the order and the ops alone)."""
-    return _memo(cg, "chains", (_order_key(order), allowed),
-                 lambda: _Chains(cg, order, allowed))
+    scan of that order: a chain depends on the order and the ops alone);
+    ``scratch``: chains may run ops with planned scratch (``value_chain``)."""
+    return _memo(cg, "chains", (_order_key(order), allowed, scratch),
+                 lambda: _Chains(cg, order, allowed, scratch))
+
+
+def _with_scratch(cg: CompiledGraph, allowed: frozenset) -> bool:
+    """Whether an op that may run again has scratch worth planning."""
+    free = max(cg.small_threshold_bytes, 1)
+    return any(cg.graph.ops[op].scratch_bytes >= free for op in allowed)
 
 
 class _Chains:
     """The value chains of one order for the ops that may run again, each worked
     out once: every bisection round and every share asks for the same ones."""
 
-    def __init__(self, cg: CompiledGraph, order, allowed: frozenset):
-        self.cg, self.allowed = cg, allowed
+    def __init__(self, cg: CompiledGraph, order, allowed: frozenset, scratch: bool = False):
+        self.cg, self.allowed, self.scratch = cg, allowed, scratch
         self.index = ChainIndex(cg, order)
         self.memo: dict[tuple[int, int, int], tuple[tuple[int, ...], float] | None] = {}
         self.at_memo: dict[tuple[int, int], tuple[tuple[int, ...], float] | None] = {}
@@ -323,7 +342,7 @@ class _Chains:
         their time; None where none may (:func:`~tfswap.core.recompute.value_chain`)."""
         key = (b, upto, need)
         if key not in self.memo:
-            ops = value_chain(self.cg, self.index, b, upto, need, self.allowed)
+            ops = value_chain(self.cg, self.index, b, upto, need, self.allowed, self.scratch)
             self.memo[key] = (ops, sum(float(self.cg.op_time[op]) for op in ops)) \
                 if ops else None
         return self.memo[key]
@@ -780,10 +799,20 @@ def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_by
                  recompute_share, drop_order, reference)
 
 
+def _unlimited_pool(cg, order) -> Allocation:
+    """One class per size, with an object for every buffer of the class: a scan's
+    remakes hold buffers beside what TF's order holds at once (a chain's scratch
+    beside its reader's own), so the objects TF's order uses at once are not
+    enough; the plan keeps those its simulation used."""
+    pool = default_allocation(cg, order, UNLIMITED)
+    per_class = np.bincount(cg.buf_size_index, minlength=len(pool.class_count))
+    return replace(pool, class_count=tuple(max(int(a), int(b))
+                                           for a, b in zip(pool.class_count, per_class)))
+
+
 def _simulated(cg, order, prog, spec, shared: bool) -> tuple[SimResult, Allocation]:
     """The program's simulation and the pool it used (shared: laid out)."""
-    pool = _memo(cg, "pool", _order_key(order),
-                 lambda: default_allocation(cg, order, UNLIMITED))
+    pool = _memo(cg, "pool", _order_key(order), lambda: _unlimited_pool(cg, order))
     got = try_program_rows(cg, prog, pool, spec, allocations=shared)
     if got is None:   # the reference says why
         result = run_program(cg, prog, pool, spec, events=shared)
@@ -805,8 +834,9 @@ def plan(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
 
     ``memory="live"``: the cap is the budget less the small pool, and the plan
     fits when its simulated live bytes do (the baselines' model).  ``"shared"``:
-    the cap is bisected (``rounds`` times at most) to the largest whose plan's
-    shared arena plus small pool fits, and the plan carries that layout.
+    the cap is bisected (to ``rounds`` halvings' precision) towards the largest
+    whose plan's shared arena plus small pool fits, the fastest plan of the caps
+    tried that fit is kept, and it carries that layout.
 
     ``recomputable``: names of the ops that may run again; with some, the plan
     also drops and makes again the buffers cheaper to make again than to move
@@ -828,10 +858,12 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
              schedule: Sequence[str] | None = None, keep: Sequence[str] = (),
              compiled: CompiledGraph | None = None, small_threshold_bytes: int = 1 << 20,
              memory: str = "live", lookahead: float | None = None, rounds: int = 12,
-             recomputable=()) -> list[Plan]:
+             recomputable=(), swaps_alone: bool = True) -> list[Plan]:
     """Every plan :func:`plan` chooses from (arguments as there): without
-    recomputation, and with it at each of :data:`RECOMPUTE_SHARES` in each of
-    :data:`DROP_ORDERS` when ``recomputable`` names ops.  For a caller that improves each further before
+    recomputation (unless ``swaps_alone`` is False and ``recomputable`` names
+    ops), and with it at each of :data:`RECOMPUTE_VARIANTS` when ``recomputable``
+    names ops (twice where one of them has planned scratch: with chains that
+    run such ops and without).  For a caller that improves each further before
     choosing (the shared search's recomputation pass).  Raises
     :class:`~tfswap.core.infeasible.InfeasibleAllocation` when none fits.
 
@@ -857,12 +889,18 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     names = set(recomputable)
     allowed = frozenset(i for i, op in enumerate(graph.ops) if op.name in names)
     chains = _chains(cg, [int(o) for o in order], allowed) if allowed else None
+    # Chains through ops with planned scratch (an Einsum's) are scanned as
+    # variants of their own: on the Transformer at 60% on a 50 MB/s link they
+    # remake the attention scores (3.07x -> 1.22x of ideal), on BERT-style at
+    # 40% the scan without them plans faster (22.9x against 27.0x).
+    wide = _chains(cg, [int(o) for o in order], allowed, scratch=True) \
+        if allowed and _with_scratch(cg, allowed) else None
     plans, refused = [], None
     # The variants' scans often make the same program (a recomputing one that
     # dropped nothing at some cap): each program is simulated once.
     simulated = {}
-    tries = [(None, 1.0, DROP_ORDERS[0])] + [(chains, s, d) for s in RECOMPUTE_SHARES
-                                             for d in DROP_ORDERS if chains]
+    tries = [(None, 1.0, DROP_ORDERS[0])] if swaps_alone or not chains else []
+    tries += [(c, s, d) for c in (chains, wide) if c for s, d in RECOMPUTE_VARIANTS]
     for choice, share, drop_order in tries:
         try:
             plans.append(_plan_in(graph, cg, order, room, budget_bytes, spec, choice, share,
@@ -900,16 +938,35 @@ def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memor
         raise InfeasibleAllocation(f"the plan's simulated live bytes ({best[1].peak_bytes}) "
                                    f"exceed the budget of {budget_bytes}")
     if memory == "shared" and best[2].total_bytes > budget_bytes:
+        # The arena's overhead over the cap changes little from one cap to the
+        # next, so the cap that overhead leaves within the budget is tried first
+        # (twice at most, each guess from the last arena): the bisection then
+        # starts from a bracket a few percent of ``room`` wide and reaches the
+        # precision of ``rounds`` halvings of all of it in fewer scans.  Of the
+        # caps whose arena fits, the fastest plan is kept, not the largest cap's:
+        # a lower cap can drop what the larger one moved (the Transformer at 60%
+        # on a 50 MB/s link: 1.22x of ideal against 3.18x).
+        arena, guesses = best[2].total_bytes, GUESSES
         lo, hi, best = 0, room, None
-        for _ in range(rounds):
-            cap = (lo + hi) // 2
+        precision = max(room >> rounds, 1)
+        for _ in range(rounds + GUESSES):
+            if hi - lo <= precision:
+                break
+            if guesses and arena > budget_bytes:
+                guesses -= 1
+                cap = min(max(hi * budget_bytes // arena, lo + 1), hi - 1)
+            else:
+                guesses, cap = 0, (lo + hi) // 2
             try:
                 got = attempt(cap)
             except InfeasibleAllocation:
-                lo = cap
+                lo, guesses = cap, 0
                 continue
-            if got[2].total_bytes <= budget_bytes:
-                lo, best = cap, got
+            arena = got[2].total_bytes
+            if arena <= budget_bytes:
+                lo, guesses = cap, 0
+                if best is None or got[1].step_time_s < best[1].step_time_s:
+                    best = got
             else:
                 hi = cap
         if best is None:

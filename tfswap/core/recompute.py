@@ -28,8 +28,9 @@ written over in place since (GELU's halves), and an output of a chain op the
 step still holds (a normalization's other outputs), are made in the
 buffer's fresh copy (``CompiledGraph.buf_fresh``), held while the chain runs:
 reading the buffer itself would read the newer value.  The ops must make no
-buffer the step still holds that has no fresh copy, and no scratch worth
-planning.
+buffer the step still holds that has no fresh copy, and here no scratch worth
+planning (the byte-cap planner also scans with chains that make it again:
+:func:`value_chain`'s ``scratch``).
 
 Example::
 
@@ -102,7 +103,7 @@ class ChainIndex:
 
 
 def value_chain(cg, index: ChainIndex, b: int, upto: int, need: int,
-                allowed=None) -> tuple[int, ...] | None:
+                allowed=None, scratch: bool = False) -> tuple[int, ...] | None:
     """The ops, in order, that make buffer ``b``'s value as of position ``upto``
     again right before position ``need``: ``b``'s own (:meth:`ChainIndex.value_ops`)
     and, where one reads a value the step no longer holds at ``need``, that
@@ -113,7 +114,8 @@ def value_chain(cg, index: ChainIndex, b: int, upto: int, need: int,
     the chain is longer than MAX_CHAIN_OPS, an op of it is not in ``allowed``
     (op ids; None: any), makes a buffer the step holds that has no fresh copy,
     reads both a buffer's value on the device and the older one it makes again,
-    or has scratch worth planning."""
+    or, unless ``scratch``, has scratch worth planning (with ``scratch`` that is
+    made again too, held like the chain's other buffers while it runs)."""
     graph = cg.graph
     ops = set(index.value_ops(cg, b, upto))
     if not ops:
@@ -147,7 +149,7 @@ def value_chain(cg, index: ChainIndex, b: int, upto: int, need: int,
     for op in ops:
         if allowed is not None and op not in allowed:
             return None
-        if graph.ops[op].scratch_bytes >= scratch_free:
+        if not scratch and graph.ops[op].scratch_bytes >= scratch_free:
             return None
         for x in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]:
             x = int(x)
