@@ -253,6 +253,7 @@ class _Chains:
         self.index = ChainIndex(cg, order)
         self.memo: dict[tuple[int, int, int], tuple[tuple[int, ...], float] | None] = {}
         self.at_memo: dict[tuple[int, int], tuple[tuple[int, ...], float] | None] = {}
+        self.native_memo: dict[tuple[int, int], tuple | None] = {}
         # The last position each tensor is read at.
         at = self.index.position_of_op
         self.last_read = [max((at[c] for c in t.consumers if c in at), default=-1)
@@ -307,11 +308,16 @@ class _Chains:
         """:meth:`at` for the native scan (after :meth:`native_args`): (chain id,
         time, the buffers it makes, the others it reads), or None; a chain the
         arrays do not hold gets the next id."""
-        got = self.at(b, need)
-        if got is None:
-            return None
-        cid, made, inputs = self._chain_id(got[0], b, need)
-        return cid, got[1], made, inputs
+        key = (b, need)
+        answer = self.native_memo.get(key, self)
+        if answer is self:   # the scans of every cap and share ask again
+            got = self.at(b, need)
+            answer = None
+            if got is not None:
+                cid, made, inputs = self._chain_id(got[0], b, need)
+                answer = (cid, got[1], made, inputs)
+            self.native_memo[key] = answer
+        return answer
 
     def read_value(self, b: int, need: int) -> int | None:
         """The position that made the value of ``b`` the ops from ``need`` on read:

@@ -139,7 +139,10 @@ def last_uses(cg: CompiledGraph, order) -> list[int]:
                 last[int(b)] = max(last[int(b)], k)
         return last
 
-    return cg.memo("last_uses", tuple(int(o) for o in order), make)
+    # Programs carry their order as a tuple of ints: the key as it is (built
+    # afresh, a long order's tuple cost more than the lookup saves).
+    key = order if type(order) is tuple else tuple(int(o) for o in order)
+    return cg.memo("last_uses", key, make)
 
 
 def _producers(cg: CompiledGraph) -> np.ndarray:
