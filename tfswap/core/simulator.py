@@ -688,8 +688,9 @@ def live_peak_bytes_timed(result: SimResult, cg: CompiledGraph, schedule: Sequen
     what a reserved small pool holds (the pool allocator) but over-counts what
     TF's allocator holds when the two peaks fall at different times (the
     unrolled LSTM, whose 4 KiB states make 40% of its peak, by ~0.5 MB).
-    Needs a result simulated with ``events=True``."""
-    if not result.allocation_events:
+    Needs a result simulated with ``events=True`` (a step whose buffers are all
+    small has no allocation events, but its ops' events)."""
+    if not result.allocation_events and not result.events:
         raise ValueError("live_peak_bytes_timed needs the allocation events: simulate with "
                          "events=True")
     order = cg.order_of(schedule)
