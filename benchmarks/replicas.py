@@ -2,7 +2,7 @@
 
     python benchmarks/replicas.py [--models cnn,bert] [--fraction 0.5] [--link 100e6]
         [--runs 5] [--generations 3] [--link-latency 40e-6] [--issue-cost 13e-6]
-        [--out benchmarks/out/replicas.csv]
+        [--plan-repeats 3] [--out benchmarks/out/replicas.csv]
 
 On two emulated devices (``emulate.setup(replicas=2)``: CPU:0 and CPU:2, the
 host CPU:1) with an emulated link of ``--link`` bytes/s each way, which the op
@@ -42,6 +42,28 @@ batch, which is fed to the first device before the step runs and reaches the oth
 by a copy between two CPU devices that shares the host's buffer; neither is among
 the allocations the step stats record, and the model counts the batch on each
 device, as a GPU holds what it is given or sent.
+
+Planning-time columns (issue #43 item 4: identical replicas planned once), in
+CPU seconds of this process (``time.process_time``: the machines these run on
+are shared, and another process's load would be counted in wall time; the plan
+stage runs on one thread with ``workers=1``, so on an idle machine its CPU time
+is its wall time), each plan stage the median of ``--plan-repeats`` runs on one
+prepared step: ``plan_one_cpu_s``, the plan stage of the first replica alone
+(the prepared step without its other replica: planning one replica);
+``plan_replicated_cpu_s``, the plan stage of the replicated step as ``optimize``
+runs it (the first replica's plan carried to the other where their lowered
+steps match, checked there and with the replicas simulated together);
+``plan_searched_cpu_s``, the same with every replica searched on its own (each
+replica's ``match`` removed: how every replica was planned before);
+``plan_ratio``: replicated over one.  ``prepare_cpu_s``: the prepare stage of
+the replicated step, once (capture, one traced run profiling both devices, each
+replica's lowering, the match; TensorFlow's threads included);
+``other_replica_prepare_cpu_s``: its part for the other replica (lowering it and
+matching it with the first, timed again); ``planning_ratio``: prepare and plan
+of the replicated step over those of one replica (prepare less the other
+replica's part, plus ``plan_one_cpu_s``).  ``carried``: how the other replica
+got its plan ("plan": the first's carried; "schedule": the first's schedule
+carried and its swaps planned again there; "searched": its own search).
 """
 
 from __future__ import annotations
@@ -51,6 +73,7 @@ import csv
 import dataclasses
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -61,11 +84,13 @@ FIELDS = ["model", "device", "budget_bytes", "predicted_peak_bytes",
           "predicted_live_peak_bytes", "measured_peak_bytes", "measured_with_arguments_bytes",
           "predicted_slowdown", "unshared_slowdown", "measured_slowdown", "swapped_bytes",
           "joint_slowdown", "joint_calibrated_s", "joint_ready_s", "measured_step_s", "measured_unmodified_s",
-          "time_error"]
+          "time_error", "carried", "prepare_cpu_s", "other_replica_prepare_cpu_s",
+          "plan_one_cpu_s", "plan_replicated_cpu_s", "plan_searched_cpu_s", "plan_ratio",
+          "planning_ratio"]
 
 
 def study(name: str, fraction: float, link: float, runs: int, generations: int,
-          link_latency_s: float, issue_cost_s: float) -> list[dict]:
+          link_latency_s: float, issue_cost_s: float, plan_repeats: int = 3) -> list[dict]:
     import numpy as np
 
     from tfswap import pipeline, zoo
@@ -82,11 +107,23 @@ def study(name: str, fraction: float, link: float, runs: int, generations: int,
     options = options_mod.Options.of(1, device=emulate.DEVICE, host=emulate.HOST,
                                   device_spec=spec, generations=generations, workers=1,
                                   inputs=step.batch)
+    started = time.process_time()
     prepared = pipeline.prepare(step.concrete_fn, options)
+    prepare_s = time.process_time() - started
     peaks = {d: p.peak_bytes for d, p in zip(devices, [prepared.profile] + [
         r.profile for r in prepared.replicas])}
     prepared = pipeline.with_budget(prepared, int(fraction * max(peaks.values())))
-    planned = pipeline.plan(prepared, pipeline.first_attempt(prepared))
+    timing = planning_times(prepared, options, plan_repeats)
+    planned = timing.pop("planned")
+    timing.update(prepare_cpu_s=prepare_s, planning_ratio=(
+        prepare_s + timing["plan_replicated_cpu_s"]) / (
+        prepare_s - timing["other_replica_prepare_cpu_s"] + timing["plan_one_cpu_s"]))
+    print(f"{name}: planning, CPU s: prepare {prepare_s:.2f} (the other replica's part "
+          f"{timing['other_replica_prepare_cpu_s']:.2f}); plan one replica "
+          f"{timing['plan_one_cpu_s']:.2f}, replicated {timing['plan_replicated_cpu_s']:.2f} "
+          f"(other replica: {timing['carried']}), every replica searched "
+          f"{timing['plan_searched_cpu_s']:.2f}: plan x{timing['plan_ratio']:.2f}, prepare and "
+          f"plan x{timing['planning_ratio']:.2f}", flush=True)
     graph_def = pipeline.rewritten_graph(planned, emulated_link_bytes_per_s=link).graph_def
     reference = rewrite.rewrite(prepared.captured, prepared.step.unconstrained, emulate.DEVICE,
                                 emulate.HOST).graph_def
@@ -157,12 +194,46 @@ def study(name: str, fraction: float, link: float, runs: int, generations: int,
                          joint_calibrated_s=calibrated, joint_ready_s=ready,
                          measured_step_s=measured_s,
                          measured_unmodified_s=reference_s,
-                         time_error=calibrated / measured_s - 1))
+                         time_error=calibrated / measured_s - 1, **timing))
         print(f"{name} {device}: peak predicted {plan.prediction.peak_bytes} (live "
               f"{live_peak}) measured {peak} (with the fed arguments {with_args}) "
               f"(budget {prepared.budget_bytes}); slowdown predicted {predicted:.3f} "
               f"(unshared {max(unshared) / ideal:.3f}) measured {measured:.3f}", flush=True)
     return rows
+
+
+def planning_times(prepared, options, repeats: int) -> dict:
+    """The plan stage's CPU seconds (median of ``repeats``): of the first replica
+    alone, of the replicated step (its other replica carried the first's plan
+    where it can), of every replica searched; the other replica's part of
+    prepare; how the other replica got its plan; the replicated step's Planned."""
+    from tfswap import pipeline
+    from tfswap import replicas as replicas_mod
+
+    def timed(prep):
+        seconds, got = [], None
+        for _ in range(max(1, repeats)):
+            started = time.process_time()
+            got = pipeline.plan(prep, pipeline.first_attempt(prep))
+            seconds.append(time.process_time() - started)
+        return statistics.median(seconds), got
+
+    one, _ = timed(dataclasses.replace(prepared, replicas=(), rendezvous=()))
+    replicated, planned = timed(prepared)
+    searched, _ = timed(dataclasses.replace(prepared, replicas=tuple(
+        dataclasses.replace(r, match=None) for r in prepared.replicas)))
+    other = prepared.replicas[0]
+    started = time.process_time()
+    replicas_mod.replica_of(prepared.captured, other.device, other.profile, options,
+                            prepared.spec, prepared.step)
+    other_prepare = time.process_time() - started
+    note = next((n for n in planned.notes if n.startswith(f"{other.device}: ")
+                 and "carried here" in n), "")
+    how = "searched" if not planned.carried[0] else \
+        "schedule" if "schedule carried" in note else "plan"
+    return dict(planned=planned, plan_one_cpu_s=one, plan_replicated_cpu_s=replicated,
+                plan_searched_cpu_s=searched, plan_ratio=replicated / one,
+                other_replica_prepare_cpu_s=other_prepare, carried=how)
 
 
 def together(prepared, steps, plans, scale=1.0, spec=None, moved=False, **options):
@@ -198,6 +269,8 @@ def main(argv=None) -> None:
                     help="seconds each copy takes beyond its bytes (benchmarks/link_latency.py)")
     ap.add_argument("--issue-cost", type=float, default=13e-6,
                     help="compute seconds issuing each copy costs (link_latency.py --overhead)")
+    ap.add_argument("--plan-repeats", type=int, default=3,
+                    help="runs of each plan stage whose median the planning-time columns give")
     ap.add_argument("--out", default="benchmarks/out/replicas.csv")
     args = ap.parse_args(argv)
     import tensorflow as tf
@@ -210,7 +283,7 @@ def main(argv=None) -> None:
     STRATEGY = tf.distribute.MirroredStrategy(list(emulate.replica_devices(2)))
     rows = [row for name in args.models.split(",")
             for row in study(name, args.fraction, args.link, args.runs, args.generations,
-                             args.link_latency, args.issue_cost)]
+                             args.link_latency, args.issue_cost, args.plan_repeats)]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)

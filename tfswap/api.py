@@ -77,6 +77,9 @@ class OptimizedFunction:
     relocation: Any = None   # the user's variables this call moved to host memory, if any
     problem: Any = None
     replica_plans: tuple = ()   # a replicated step's other replicas' plans (captured.replicas)
+    # One per replica_plans: True where it is ``plan`` carried to that replica (its step
+    # matched the first's, and the plan fits there), False where it was searched for.
+    replica_carried: tuple = ()
     # A replicated step's devices simulated together, their copies sharing the host's
     # link and their collectives meeting (tfswap.core.simulator.ReplicatedResult):
     # ``replicated.step_time_s`` is the step's predicted time; None otherwise.
@@ -325,7 +328,8 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
         measured_peak_bytes=verified.measured_peak_bytes, measured_on=verified.measured_on,
         measured_peaks=dict(verified.device_peaks),
         relocation=prepared.relocation, problem=planned.attempt.step.problem,
-        replica_plans=planned.replica_plans, replicated=planned.replicated,
+        replica_plans=planned.replica_plans, replica_carried=planned.carried,
+        replicated=planned.replicated,
         candidates=planned.candidates)
 
 

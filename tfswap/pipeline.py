@@ -54,13 +54,13 @@ from tfswap.core.plan import Plan
 from tfswap.options import Options
 from tfswap.parameters import host_work
 from tfswap.planner_settings import planner_settings
-from tfswap.replicas import (Replica, ReplicasStuckError, measure_replicas, refuse_unplannable,
-                             replica_attempt, replica_of, replicated_prediction,
-                             replication_notes)
+from tfswap.replicas import (Replica, ReplicasStuckError, carried_plan, measure_replicas,
+                             refuse_unplannable, replica_attempt, replica_of,
+                             replicated_prediction, replication_notes)
 from tfswap.tf import capture as capture_mod
 from tfswap.tf import emulate, homes, ir, measure, rewrite, runtime
-from tfswap.tf.device import (check_arena, choose_spec, placement, profile_note, profile_step,
-                              sample_inputs)
+from tfswap.tf.device import (check_arena, choose_spec, placement, profile_note,
+                              profile_replicas, profile_step, sample_inputs)
 from tfswap.tf.finish import finish
 from tfswap.tf.lower import (SMALLEST_SMALL_BYTES, Lowered, lower, lower_at, planner_budget,
                              small_threshold)
@@ -155,6 +155,12 @@ class Planned:
     replicated: simulator.ReplicatedResult | None = None
     # The planners the default planner weighed (tfswap.core.best_of.Candidate).
     candidates: tuple = ()
+    # The planner's plan before it was finished for the captured graph (in the
+    # lowered step's names): what carries to a replicated step's other replicas.
+    found: Plan | None = None
+    # One per ``prepared.replicas``: whether its plan is this one carried to it
+    # (not searched again) or its own search's.
+    carried: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -226,7 +232,10 @@ def prepare(concrete_fn, options: Options) -> Prepared:
     capture_mod.warn_legacy_random(captured)
     feed = list(options.inputs) if options.inputs is not None else \
         sample_inputs(captured, options.seed)
-    prof = profile_step(captured, options.profile, spec, feed, device)
+    # A replicated step is profiled once for every replica's device.
+    prof, *profiles = profile_replicas(captured, options.profile, spec, feed,
+                                       captured.replicas) if captured.replicas else \
+        (profile_step(captured, options.profile, spec, feed, device),)
     places, unplaced = (), (captured, prof)
     if captured.host_homed:   # the gathers and updates of variables the user put there
         small = options.small_tensor_bytes if options.small_tensor_bytes is not None else \
@@ -235,8 +244,8 @@ def prepare(concrete_fn, options: Options) -> Prepared:
     step = lower_at(captured, prof, spec, options.small_tensor_bytes, options.recompute)
     if prof.source != "trace":
         refuse_unsized(captured, step.lowered, prof.source)
-    replicas = tuple(replica_of(captured, d, options, spec, feed)
-                     for d in captured.replicas[1:])
+    replicas = tuple(replica_of(captured, d, p, options, spec, step)
+                     for d, p in zip(captured.replicas[1:], profiles))
     notes = ((spec_note,) if spec_note else ()) + replication_notes(captured, replicas)
     notes += (profile_note(prof, time.monotonic() - started, given=prof is options.profile),)
     deadline = None if options.generations is not None else started + options.search_time
@@ -293,27 +302,78 @@ def plan(prepared: Prepared, attempt: Attempt, planner: str | None = None,
     tfswap's planners, :func:`tfswap.core.planners.default`; the report's notes
     list each one's prediction).  Raises :class:`Infeasible`.
     A replicated step gets a plan per replica (``Planned.replica_plans``), each
-    for the attempt's remedies on that replica's lowering.
+    for the attempt's remedies on that replica's lowering: the first replica's
+    plan carried to each other replica whose step matches it and where it fits
+    (:func:`tfswap.replicas.carried_plan`), else that replica's own search; the
+    replicas' plans are then simulated together, and carried plans that do not
+    run together are searched again.
 
     ``planner``: run exactly this planner of :mod:`tfswap.core.planners` (with
     ``options``) instead, even where the step fits unmodified.
     """
-    # The replicas share what is left of search_time, one after the other.
-    n = 1 + len(prepared.replicas)
-    planned = _plan_one(prepared, attempt, None, planner, options, share=1 / n)
+    # The replicas searched share what is left of search_time, one after the
+    # other; a replica alike the first is expected to take its plan.
+    searched = 1 + sum(not r.alike for r in prepared.replicas)
+    planned = _plan_one(prepared, attempt, None, planner, options, share=1 / searched)
     if not prepared.replicas:
         return planned
-    others = tuple(_plan_one(prepared, replica_attempt(prepared, attempt, r), r.profile,
-                             planner, options, share=1 / (n - k))
+    n = 1 + len(prepared.replicas)
+    others = tuple(_plan_replica(prepared, planned, r, replica_attempt(prepared, attempt, r),
+                                 planner, options, share=1 / (n - k))
                    for k, r in enumerate(prepared.replicas, 1))
-    notes = planned.notes + tuple(f"{r.device}: {note}" for r, p in zip(prepared.replicas, others)
+    try:
+        joint, note = _together(prepared, planned, others)
+        again = joint is None
+    except ReplicasStuckError:
+        if not any(carried for _, carried in others):
+            raise
+        again = True
+    if again and any(carried for _, carried in others):
+        # The joint simulation is the carried plans' last check: search those replicas.
+        searched_again = []
+        for r, (p, carried) in zip(prepared.replicas, others):
+            if carried:
+                own = _plan_one(prepared, p.attempt, r.profile, planner, options, share=1 / n)
+                p = dataclasses.replace(own, notes=own.notes + (
+                    "planned on its own: the plans carried here did not run together with "
+                    "the others as simulated",))
+            searched_again.append((p, False))
+        others = tuple(searched_again)
+        joint, note = _together(prepared, planned, others)
+    notes = planned.notes + tuple(f"{r.device}: {note}" for r, (p, _) in
+                                  zip(prepared.replicas, others)
                                   for note in p.notes if note not in planned.notes)
-    per_device = (planned,) + others
-    joint, note = replicated_prediction(prepared, [simulator.Replica(
+    return dataclasses.replace(planned, replica_plans=tuple(p.plan for p, _ in others),
+                               carried=tuple(c for _, c in others), replicated=joint,
+                               notes=notes + (note,))
+
+
+def _plan_replica(prepared: Prepared, first: Planned, replica: Replica, attempt: Attempt,
+                  planner, options, share: float) -> tuple[Planned, bool]:
+    """Another replica's plan for ``attempt`` (its own, :func:`replica_attempt`):
+    the first replica's (``first``) carried to it where the replica was matched
+    with the first (``Replica.match``), the first's plan came from a planner, the
+    replica does not fit as it is, and the plan carries; else its own
+    (:func:`_plan_one`, taking ``share`` of the time left).  (planned, whether
+    carried)."""
+    why = ()
+    if replica.match is not None and first.found is not None and \
+            first.plan.planner != NO_SWAP and not fits_unmodified(prepared, attempt,
+                                                                  replica.profile):
+        found, note = carried_plan(prepared, first, replica, attempt)
+        if found is not None:
+            return Planned(prepared, attempt, found, None, attempt.notes + (note,)), True
+        why = (note,)
+    own = _plan_one(prepared, attempt, replica.profile, planner, options, share)
+    return dataclasses.replace(own, notes=own.notes + why), False
+
+
+def _together(prepared: Prepared, first: Planned, others) -> tuple:
+    """:func:`tfswap.replicas.replicated_prediction` of the first replica's plan
+    and the others' (``others``: (Planned, carried) per replica)."""
+    return replicated_prediction(prepared, [simulator.Replica(
         p.attempt.step.problem.graph, p.plan, keep=p.attempt.step.problem.keep,
-        compiled=p.attempt.step.problem.compiled) for p in per_device])
-    return dataclasses.replace(planned, replica_plans=tuple(p.plan for p in others),
-                               replicated=joint, notes=notes + (note,))
+        compiled=p.attempt.step.problem.compiled) for p in (first,) + tuple(p for p, _ in others)])
 
 
 def _plan_one(prepared: Prepared, attempt: Attempt, profile, planner, options,
@@ -325,14 +385,15 @@ def _plan_one(prepared: Prepared, attempt: Attempt, profile, planner, options,
     if planner is not None:
         result = planners.run(planner, problem, attempt.planner_budget, prepared.spec, **options)
         return Planned(prepared, attempt, _finish(result.plan, prepared, attempt),
-                       result.search, notes)
+                       result.search, notes, found=result.plan)
     if fits_unmodified(prepared, attempt, profile):
         unconstrained = attempt.step.unconstrained
         notes += ("the step already fits the budget: no swaps" if not unconstrained.swaps
                   else "the step already fits the budget: it only fetches the host-homed "
                   "variables it reads",)
         found = dataclasses.replace(unconstrained, planner=NO_SWAP)
-        return Planned(prepared, attempt, _finish(found, prepared, attempt), None, notes)
+        return Planned(prepared, attempt, _finish(found, prepared, attempt), None, notes,
+                       found=found)
     name = prepared.options.planner
     result = planners.run(name, problem, attempt.planner_budget, prepared.spec,
                           **planner_settings(name, prepared, attempt, share))
@@ -343,7 +404,7 @@ def _plan_one(prepared: Prepared, attempt: Attempt, profile, planner, options,
                               schedule=result.plan.schedule)
     notes += (limit.against(result.plan.prediction.step_time_s),)
     return Planned(prepared, attempt, _finish(result.plan, prepared, attempt), result.search,
-                   notes, candidates=result.candidates)
+                   notes, candidates=result.candidates, found=result.plan)
 
 
 def fits_unmodified(prepared: Prepared, attempt: Attempt, profile=None) -> bool:

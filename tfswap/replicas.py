@@ -1,14 +1,26 @@
 """A step a ``tf.distribute`` strategy replicates, planned per device: what is
 refused (:func:`refuse_unplannable`), the other replicas (:class:`Replica`,
-:func:`replica_of`) and the report's notes on them (:func:`replication_notes`),
-an attempt's remedies carried to another replica (:func:`replica_attempt`), the
-replicas' plans simulated together (:func:`replicated_prediction`) and each
-device measured (:func:`measure_replicas`).  The stages of :mod:`tfswap.pipeline`
-call these for every replica; the first replica is the step itself.
+:func:`replica_of`: profiled by the same traced run as the first, lowered, and
+matched op by op with the first) and the report's notes on them
+(:func:`replication_notes`), an attempt's remedies carried to another replica
+(:func:`replica_attempt`), the first replica's plan carried to another
+(:func:`carried_plan`), the replicas' plans simulated together
+(:func:`replicated_prediction`) and each device measured
+(:func:`measure_replicas`).  The stages of :mod:`tfswap.pipeline` call these
+for every replica; the first replica is the step itself.
+
+Identical replicas are planned once: the first replica's search serves the
+others, its plan mapped onto each one's ops and buffers
+(:mod:`tfswap.core.graph_match`, :mod:`tfswap.core.carry`) and checked there,
+alone and with the others (:func:`replicated_prediction`); a replica whose step
+differs beyond the match, or where the carried plan does not fit, is searched on
+its own.
 
 Example::
 
-    others = tuple(replica_of(captured, d, options, spec, feed) for d in captured.replicas[1:])
+    first, *profiles = profile_replicas(captured, "auto", spec, feed, captured.replicas)
+    others = tuple(replica_of(captured, d, p, options, spec, step)
+                   for d, p in zip(captured.replicas[1:], profiles))
     joint, note = replicated_prediction(prepared, members)
 """
 
@@ -20,11 +32,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfswap.core import simulator
+from tfswap.core import carry, graph_match, simulator
 from tfswap.core.devices import DeviceSpec
+from tfswap.core.plan import Plan
 from tfswap.tf import capture, measure
-from tfswap.tf.device import profile_step
-from tfswap.tf.lower import Lowered, lower, lower_at, planner_budget
+from tfswap.tf.finish import finish
+from tfswap.tf.lower import Lowered, lower, planner_budget
 
 # A rewritten replicated step that runs this many times its unmodified step (at
 # least the minimum) is taken as stuck: replicas waiting for each other never return.
@@ -35,21 +48,33 @@ REPLICATED_MIN_TIMEOUT_S = 60.0
 @dataclass(frozen=True)
 class Replica:
     """Another replica of a step a ``tf.distribute`` strategy replicates: its
-    device (the budget is per device), the step as captured on it, its profile
-    and its lowering (:func:`tfswap.tf.ir.lower` keeps this device's part)."""
+    device (the budget is per device), the step as captured on it, its profile,
+    its lowering (:func:`tfswap.tf.ir.lower` keeps this device's part) and that
+    lowering matched op by op with the first replica's
+    (:class:`tfswap.core.graph_match.Match`), by which the first's plan carries."""
 
     device: str
     captured: Any
     profile: Any
     step: Lowered
+    match: Any = None
+
+    @property
+    def alike(self) -> bool:
+        """Whether its step matches the first's closely enough for the first's plan
+        to be carried to it (:data:`tfswap.core.graph_match.MIN_COVERAGE`)."""
+        return self.match is not None and self.match.coverage >= graph_match.MIN_COVERAGE
 
 
-def replica_of(captured, device: str, options, spec: DeviceSpec, feed) -> Replica:
-    """Replica ``device`` of a replicated step, profiled and lowered as the first one."""
+def replica_of(captured, device: str, profile, options, spec: DeviceSpec,
+               first: Lowered) -> Replica:
+    """Replica ``device`` of a replicated step, of ``profile`` (its device's,
+    :func:`tfswap.tf.device.profile_replicas`), lowered at the small-tensor
+    threshold of the first replica's lowering ``first`` and matched with it."""
     on = dataclasses.replace(captured, device=device)
-    prof = profile_step(on, options.profile, spec, feed, device)
-    return Replica(device, on, prof,
-                   lower_at(on, prof, spec, options.small_tensor_bytes, options.recompute))
+    step = lower(on, profile, spec, first.small, options.recompute)
+    return Replica(device, on, profile, step, graph_match.match(first.problem.graph,
+                                                                step.problem.graph))
 
 
 def refuse_unplannable(captured, host: str, parameters: str) -> None:
@@ -79,7 +104,10 @@ def replication_notes(captured, replicas: tuple) -> tuple[str, ...]:
                   "verified; every worker plans its own",)
     if replicas:
         notes += (f"replicated over {', '.join(captured.replicas)}: each device planned for "
-                  "the budget",)
+                  "the budget" + ("; one traced run profiled every device"
+                                  if replicas[0].profile.source == "trace" else ""),)
+        notes += tuple(f"{r.device}: its lowered step matched with {captured.replicas[0]}'s: "
+                       f"{r.match.describe()}" for r in replicas)
     return notes
 
 
@@ -126,6 +154,41 @@ def replica_attempt(prepared, attempt, replica: Replica):
                                      prepared.options.safety_margin)
     return dataclasses.replace(attempt, step=step, outside_bytes=outside,
                                planner_budget=usable - (first - attempt.planner_budget))
+
+
+def carried_plan(prepared, first, replica: Replica, attempt) -> tuple[Plan | None, str]:
+    """The first replica's plan (``first``: its :class:`tfswap.pipeline.Planned`)
+    carried to ``replica`` for ``attempt`` (the replica's, :func:`replica_attempt`)
+    and finished for the captured graph, with the report's note: the plan itself
+    (:func:`tfswap.core.carry.carry`), else, with the shared pool layout, its
+    schedule with swaps planned again there (:func:`tfswap.core.carry.carry_schedule`);
+    (None, why not) where the replica's step differs beyond the match or neither
+    fits there."""
+    source, target = first.attempt.step, attempt.step
+    m = replica.match if source is prepared.step and target is replica.step else \
+        graph_match.match(source.problem.graph, target.problem.graph)
+    where = prepared.device
+    args = (first.found, source.problem, target.problem, m, attempt.planner_budget,
+            prepared.spec)
+    why = ""
+    try:
+        try:
+            got = carry.carry(*args)
+        except carry.NotCarried as err:
+            why = f"the plan itself does not fit here: {err}"
+            if attempt.pool_layout != "shared":
+                raise
+            got = carry.carry_schedule(*args)
+        plan = finish(got.plan, prepared.captured, target.lowered, prepared.budget_bytes,
+                      attempt.outside_bytes, prepared.update_places)
+    except (carry.NotCarried, RuntimeError) as err:
+        # RuntimeError: tensor_swaps found the buffers' readers not lining up.
+        reasons = f"{why}; nor its schedule: {err}" if why and str(err) not in why else err
+        return None, f"planned on its own: {where}'s plan does not carry here ({reasons})"
+    how = "plan carried here, not searched again" if not got.replanned else \
+        f"schedule carried here, not searched again ({why})"
+    return plan, (f"{where}'s {how} ({got.describe()}): predicted step "
+                  f"{plan.prediction.step_time_s * 1e3:.4g} ms")
 
 
 class ReplicasStuckError(RuntimeError):
@@ -175,5 +238,6 @@ def measure_replicas(made, sessions: int) -> tuple[int, str, bool, tuple]:
 
 
 __all__ = ["REPLICATED_MIN_TIMEOUT_S", "REPLICATED_TIMEOUT_FACTOR", "Replica",
-           "ReplicasStuckError", "measure_replicas", "refuse_unplannable", "replica_attempt",
-           "replica_of", "replicated_prediction", "replication_notes", "timeout_s"]
+           "ReplicasStuckError", "carried_plan", "measure_replicas", "refuse_unplannable",
+           "replica_attempt", "replica_of", "replicated_prediction", "replication_notes",
+           "timeout_s"]

@@ -4,7 +4,9 @@ devices (CPU:0 and CPU:2; CPU:1 is the host both swap to).
 Each replica is planned for the budget on its own device; every device's
 measured peak is within it, and training is bit-identical to the unmodified
 replicated step (the same model built again from the same seed), the
-all-reduce included.
+all-reduce included.  Replicas alike are planned once (issue #43 item 4): the
+first replica's plan is carried to the other, and a replica whose step differs
+beyond the match is searched on its own.
 """
 
 import dataclasses
@@ -53,6 +55,8 @@ def test_each_replica_fits_its_device_and_trains_as_the_unmodified_replicated_st
                            generations=2, workers=1, inputs=step.batch)
     assert fast.captured.replicas == REPLICAS
     assert len(fast.replica_plans) == 1 and fast.plan.swaps and fast.replica_plans[0].swaps
+    if build is zoo.cnn:   # alike up to names: the first replica's plan serves the other
+        assert fast.replica_carried == (True,)
     assert fast.measured_peak_bytes <= budget
     assert all(f"{d}:" in fast.measured_on for d in REPLICAS)
     assert set(fast.measured_peaks) == set(REPLICAS)
@@ -69,6 +73,114 @@ def test_each_replica_fits_its_device_and_trains_as_the_unmodified_replicated_st
     assert losses == expected
     for got, want in zip(step.model.weights, reference.model.weights):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def _prepared(step, fraction=0.5):
+    """The pipeline's prepared replicated ``step`` at ``fraction`` of its larger
+    device's traced peak."""
+    options = tfswap.Options.of(1, device=emulate.DEVICE, host=emulate.HOST, generations=2,
+                                workers=1, inputs=step.batch)
+    prepared = tfswap.pipeline.prepare(step.concrete_fn, options)
+    peak = max([prepared.profile.peak_bytes] + [r.profile.peak_bytes for r in prepared.replicas])
+    return tfswap.pipeline.with_budget(prepared, int(fraction * peak))
+
+
+def _searches(monkeypatch) -> list:
+    """The problems the pipeline's plan stage hands a planner, as it plans."""
+    from tfswap import pipeline
+
+    handed, run = [], pipeline.planners.run
+    monkeypatch.setattr(pipeline.planners, "run", lambda name, problem, *args, **kwargs: (
+        handed.append(problem), run(name, problem, *args, **kwargs))[1])
+    return handed
+
+
+def test_the_second_replica_gets_the_first_replicas_plan_carried_not_searched_again(
+        monkeypatch):
+    """The CNN's replicas differ in names (``replica_1/...``, ``adam/update_1...``) and
+    in a few ops (the first sums the loss and counts the iteration; the second groups
+    its control edges in a NoOp): their lowered steps are matched structurally, one
+    search plans the first, and the other's plan is that plan with the same swaps
+    and recomputations mapped onto its own ops and tensors."""
+    from tfswap import pipeline
+    from tfswap.core import graph_match
+
+    prepared = _prepared(replicated(zoo.cnn, batch=32, image=32, blocks=4))
+    replica = prepared.replicas[0]
+    m = replica.match
+    # The match agrees with TensorFlow's naming of the second replica's model ops.
+    for first, other in m.ops.items():
+        if first.startswith("cnn_1/"):
+            assert other == "replica_1/" + first
+        elif first.startswith("gradient_tape/cnn_1/"):
+            assert other == first.replace("gradient_tape/", "gradient_tape/replica_1/", 1)
+    assert m.coverage > 0.99
+    handed = _searches(monkeypatch)
+    planned = pipeline.plan(prepared, pipeline.first_attempt(prepared))
+    first_step = planned.attempt.step
+    assert planned.carried == (True,)
+    assert handed == [first_step.problem]   # one search: the first replica's
+    theirs = planned.replica_plans[0]
+    mapped, dropped = graph_match.map_plan(planned.plan, first_step.problem.graph,
+                                           replica.step.problem.graph, m)
+    assert dropped == 0 and theirs.swaps and theirs.swaps == mapped.swaps
+    assert theirs.schedule == mapped.schedule
+    assert theirs.allocation.class_bytes == planned.plan.allocation.class_bytes
+    assert {sw.tensor for sw in theirs.swaps} <= {
+        t.name for t in replica.step.lowered.graph.tensors}
+    assert theirs.prediction.peak_bytes <= prepared.budget_bytes
+    carried_here = f"{REPLICAS[1]}: {REPLICAS[0]}'s plan carried here, not searched again"
+    assert any(note.startswith(carried_here) for note in planned.notes), planned.notes
+    # The joint simulation checked it: the replicas together, meeting at the all-reduce.
+    assert planned.replicated is not None and len(planned.replicated.devices) == 2
+    # Without the match (how every replica was planned before), each one is searched.
+    handed.clear()
+    alone = pipeline.plan(dataclasses.replace(prepared, replicas=(
+        dataclasses.replace(replica, match=None),)), pipeline.first_attempt(prepared))
+    assert alone.carried == (False,) and len(handed) == 2
+
+
+def test_a_replica_whose_step_differs_beyond_the_match_is_searched_on_its_own(monkeypatch):
+    """The second replica runs the model twice (its loss adds the model's loss on the
+    inputs doubled): a third of its ops have no partner, so the first replica's plan
+    is not carried there, the replica is searched on its own, and the report says so."""
+    from tfswap import pipeline
+
+    with STRATEGY.scope():
+        one = zoo.cnn(batch=32, image=32, blocks=4)
+    model, optimizer, loss_fn = one.model, one.optimizer, one.loss
+
+    @tf.function
+    def differing(x, y):
+        def replica(x, y):
+            k = tf.distribute.get_replica_context().replica_id_in_sync_group
+            xs, ys = x[k * 16:(k + 1) * 16], y[k * 16:(k + 1) * 16]
+            with tf.GradientTape() as tape:
+                loss = loss_fn(ys, model(xs, training=True)) / 2
+                if tf.get_static_value(k) == 1:
+                    loss += loss_fn(ys, model(xs * 2.0, training=True)) / 2
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        return {"loss": STRATEGY.reduce("SUM", STRATEGY.run(replica, args=(x, y)), axis=None)}
+
+    specs = [tf.TensorSpec(b.shape, tf.as_dtype(b.dtype)) for b in one.batch]
+    step = zoo.TrainStep("differing", model, optimizer, differing.get_concrete_function(*specs),
+                         one.batch, loss_fn)
+    prepared = _prepared(step)
+    replica = prepared.replicas[0]
+    assert replica.match.coverage < 0.9
+    handed = _searches(monkeypatch)
+    planned = pipeline.plan(prepared, pipeline.first_attempt(prepared))
+    assert planned.carried == (False,)
+    other = [note for note in planned.notes if note.startswith(f"{REPLICAS[1]}: ")]
+    assert any("planned on its own" in note and "differ beyond a match" in note
+               for note in other), other
+    searched_here = [p for p in handed if p is not planned.attempt.step.problem]
+    # Its own search, unless its step fits the budget as it is (then nothing to search).
+    assert searched_here or any("already fits the budget" in note for note in other)
+    assert planned.replicated is not None
 
 
 @pytest.fixture(scope="module")

@@ -430,6 +430,69 @@ def _uses_of_order(cg: CompiledGraph, order) -> list[list[int]]:
     return uses
 
 
+def needs_from_uses(cg: CompiledGraph, prog: Program) -> Program:
+    """``prog`` with each copy brought back for the first op of its order that
+    uses the buffer after it left (a parameter's fetch: after it was last
+    dropped, else its first use), each recomputation made for that op, each
+    trigger at the latest the op before it, each wait kept on the swap-outs that
+    can finish before then; a copy or recomputation of a buffer that no op uses
+    after it left is not made (its swap-out with it, where nothing else reads
+    it back: the buffer dies after its last use, as any other).  A planner's
+    program is so already (``prog`` itself is returned); a plan carried to
+    another step's order (:mod:`tfswap.core.carry`) may name readers that are
+    not the first there, miss one that reads the buffer there alone, or bring
+    back what that step no longer reads."""
+    uses = _uses_by_position(cg, prog)
+    outs = prog.outs
+    # (A copy brought back for a recomputation, :func:`inputs_back`, is needed by
+    # no op of the order: it is moved back to its first reader here, and
+    # inputs_back moves it again.)
+
+    def first_use(buf: int, after: int) -> int | None:
+        u = uses[buf]
+        k = bisect_right(u, after)
+        return u[k] if k < len(u) else None
+
+    left: dict[int, list[int]] = {}   # each buffer's swap-out positions, ascending
+    for o in outs:
+        left.setdefault(o.buf, []).append(o.out_after)
+
+    def last_left(buf: int, before: int) -> int:
+        """Where ``buf`` last left the device before position ``before`` (a
+        parameter's fetch after a drop), else START."""
+        after = left.get(buf, ())
+        k = bisect_left(after, before)
+        return after[k - 1] if k else START
+
+    ins, unread = [], set()   # unread: swap-outs whose buffer is not brought back
+    for r in prog.ins:
+        need = first_use(r.buf, outs[r.own_out].out_after if r.own_out >= 0
+                         else last_left(r.buf, r.need))
+        if need is None:
+            unread.add(r.own_out)
+            continue
+        ins.append(InRec(r.buf, min(r.trigger, need - 1), r.waits, r.own_out, need))
+    recs = []
+    for r in prog.recomputes:
+        need = first_use(r.buf, outs[r.drop].out_after)
+        if need is None:
+            unread.add(r.drop)
+            continue
+        recs.append(RecomputeRec(r.buf, r.drop, need, r.ops))
+    # A swap-out another record still brings back stays (-1: a parameter's fetch).
+    unread -= {r.own_out for r in ins} | {r.drop for r in recs} | {-1}
+    kept = [j for j in range(len(outs)) if j not in unread]
+    index = {j: k for k, j in enumerate(kept)}
+    ins = [InRec(r.buf, r.trigger, tuple(index[w] for w in r.waits
+                                         if w in index and outs[w].out_after < r.need),
+                 index.get(r.own_out, -1), r.need) for r in ins]
+    recs = [RecomputeRec(r.buf, index[r.drop], r.need, r.ops) for r in recs]
+    waits = [(k, index[j]) for k, j in prog.op_waits if j in index and outs[j].out_after < k]
+    fixed = inputs_back(cg, canonical(prog.order, prog.resident, [outs[j] for j in kept],
+                                      ins, waits, recs))
+    return prog if fixed == prog else fixed
+
+
 def _schedule_lookup(cg: CompiledGraph, schedule):
     """``cg.order_of(schedule)``, each op's position by name, each tensor's buffer
     by name: kept on ``cg`` for the last few schedules (the recomputation pass

@@ -1,7 +1,8 @@
 """Where a step runs and what is known of that device before planning: the
 device and host (:func:`placement`), the device's figures (:func:`choose_spec`),
 the budget arena it may allocate from (:func:`check_arena`), sample inputs and
-the step's profile (:func:`profile_step`).
+the step's profile (:func:`profile_step`; a replicated step's, one per device,
+:func:`profile_replicas`).
 
 Example::
 
@@ -11,6 +12,8 @@ Example::
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import tensorflow as tf
@@ -131,6 +134,23 @@ def profile_step(captured, kind, spec: DeviceSpec, feed, device: str):
         return profiler.isolated(captured, device=device, fallback=spec)
 
 
+def profile_replicas(captured, kind, spec: DeviceSpec, feed, devices) -> tuple[Profile, ...]:
+    """:func:`profile_step` of a replicated step, one profile per device of
+    ``devices`` (its replicas', the first's first), made once: a traced run
+    times every replica's ops and measures each device's peak; an isolated or
+    analytic profile prices every op of the step, whichever replica's it is."""
+    if isinstance(kind, Profile) or kind in ("analytic", "isolated"):
+        first = profile_step(captured, kind, spec, feed, devices[0])
+        return (first,) + tuple(dataclasses.replace(first, device=d) if first.source == "isolated"
+                                else first for d in devices[1:])
+    try:
+        return profiler.trace_devices(captured, feed, tuple(devices))
+    except tf.errors.ResourceExhaustedError:
+        if kind == "trace":
+            raise
+        return profile_replicas(captured, "isolated", spec, feed, devices)
+
+
 # Nodes a profile does not time: the step's arguments and constants.
 UNTIMED = ("Placeholder", "_Arg", "Const", "NoOp")
 
@@ -173,4 +193,5 @@ def check_arena(budget: int, asked, device: str) -> None:
 
 
 __all__ = ["NoDeviceError", "UNTIMED", "check_arena", "given_profile", "choose_spec", "placement",
-           "profile_note", "profile_step", "sample_inputs", "spec_for", "this_worker"]
+           "profile_note", "profile_replicas", "profile_step", "sample_inputs", "spec_for",
+           "this_worker"]

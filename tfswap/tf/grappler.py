@@ -39,7 +39,9 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import threading
 from collections.abc import Iterable
 
 import tensorflow as tf
@@ -319,6 +321,32 @@ def _data_readers(graph_def) -> dict[str, list[tuple[object, int]]]:
     return readers
 
 
+# The last few graphs' pairs, by the graph's serialised bytes (a GraphDef is
+# mutable): a replicated step's every replica is lowered from one captured graph,
+# and each lowering asks (0.3 s a time for the BERT-style step's readers).
+_PAIRS: dict[tuple, tuple] = {}
+_PAIRS_LOCK = threading.Lock()
+
+
+def _per_graph(find):
+    """``find(graph_def)`` remembered for the last few graphs (and whether the
+    pass runs: :func:`runtime_merges`' inputs)."""
+    @functools.wraps(find)
+    def remembered(graph_def):
+        key = (find.__name__, bool(_pywrap_util_port.IsMklEnabled()), default_device(),
+               graph_def.SerializeToString(deterministic=True))
+        with _PAIRS_LOCK:
+            got = _PAIRS.get(key)
+        if got is None:
+            got = find(graph_def)
+            with _PAIRS_LOCK:
+                if len(_PAIRS) >= 8:
+                    _PAIRS.pop(next(iter(_PAIRS)))
+                _PAIRS[key] = got
+        return got
+    return remembered
+
+
 def _control_inputs(node) -> frozenset[str]:
     return frozenset(i[1:] for i in node.input if i.startswith("^"))
 
@@ -333,6 +361,7 @@ def _merges(filter_grad, bias_grad) -> bool:
             and filter_grad.device == bias_grad.device and runtime_merges(filter_grad.device))
 
 
+@_per_graph
 def filter_and_bias_grads(graph_def) -> tuple[tuple[str, str], ...]:
     """The (Conv2DBackpropFilter, BiasAddGrad) pairs of ``graph_def`` that
     TensorFlow's oneDNN pass merges into one kernel when it runs the graph.
@@ -402,6 +431,7 @@ def _pad_merges(pad, conv) -> bool:
             and pad.device == conv.device and runtime_merges(conv.device))
 
 
+@_per_graph
 def pads_into_convs(graph_def) -> tuple[tuple[str, str], ...]:
     """The (Pad, convolution) pairs of ``graph_def`` that TensorFlow's oneDNN
     pass merges into one kernel (``_MklNativePadWithConv2D``,

@@ -153,7 +153,6 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
               if cap.value.dtype != tf.resource else None for cap in captured.captures]
     graph = tf.Graph()
     init_feed = {}
-    variable_bytes = 0
     with graph.as_default(), tf.name_scope("tfswap_measure"):  # no clash with graph names
         input_map = {}
         init_ops = []
@@ -171,9 +170,6 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
                     value = tf.compat.v1.placeholder(var.dtype, var.shape)
                     init_ops.append(tf.raw_ops.AssignVariableOp(resource=handle, value=value))
                 init_feed[value] = value_np
-                if not cap.host_homed and (not captured.replicas
-                                           or same_device(var.device, device)):
-                    variable_bytes += int(np.prod(var.shape)) * var.dtype.size
                 input_map[cap.name] = handle
             elif cap.value.dtype == tf.resource:
                 raise ValueError(f"captured resource {cap.name} is not a tf.Variable; "
@@ -192,6 +188,7 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
             return outs, [graph.get_operation_by_name(f"{prefix}/{n}" if prefix else n)
                           for n in captured.control_outputs]
 
+    variable_bytes = variable_bytes_on(captured, device)
     fetches, targets = load(graph_def, "")
     reference = load(reference_graph_def, "tfswap_reference") \
         if reference_graph_def is not None else None
@@ -229,6 +226,19 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
                     paired.append(time.perf_counter() - start)
     return TracedRuns(tuple(saved), tuple(times), variable_bytes, tuple(untraced),
                       tuple(paired))
+
+
+def variable_bytes_on(captured: CapturedFunction, device: str = DEVICE) -> int:
+    """Bytes of the captured variables homed on ``device`` (the emulated device's
+    measured peak adds them): every one not in host memory; of a replicated
+    step, each replica's own (a mirrored variable's component on ``device``)."""
+    total = 0
+    for cap in captured.captures:
+        var = cap.variable
+        if var is not None and not cap.host_homed and (
+                not captured.replicas or same_device(var.device, device)):
+            total += int(np.prod(var.shape)) * var.dtype.size
+    return total
 
 
 def measure(captured: CapturedFunction, graph_def, inputs, runs: int = 3,

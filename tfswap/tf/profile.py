@@ -203,12 +203,25 @@ def trace(captured: CapturedFunction, inputs, runs: int = 5, warmup: int = 2,
     not in any kernel's time (half the step of a small unrolled LSTM): the
     trace gives the ops' shares, the untraced runs the step's length.
     """
+    return trace_devices(captured, inputs, (device,), runs, warmup, graph_def, calibrate)[0]
+
+
+def trace_devices(captured: CapturedFunction, inputs, devices, runs: int = 5,
+                  warmup: int = 2, graph_def=None, calibrate: bool = True) -> tuple[Profile, ...]:
+    """:func:`trace`'s profile for each of ``devices``, from the same runs.
+
+    A traced run times every node of the step, whichever device runs it, so
+    the profiles of a replicated step's devices (each replica's ops on its
+    own) differ only in their device and its measured peak: the step is
+    traced once for all of them, not once per replica.
+    """
     if runs < 1 or warmup < 0:
         raise ValueError(f"trace needs runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     gd = captured.graph_def if graph_def is None else graph_def
     t0 = time.perf_counter()
-    traced = measure.run_traced(captured, gd, inputs, runs=runs, warmup=warmup, device=device,
-                                inter_op_threads=1, untraced_runs=runs if calibrate else 0)
+    traced = measure.run_traced(captured, gd, inputs, runs=runs, warmup=warmup,
+                                device=devices[0], inter_op_threads=1,
+                                untraced_runs=runs if calibrate else 0)
     stats = [md.step_stats for md in traced.metadata]
     ops, order = ops_from_step_stats(gd, stats)
     scale = 1.0
@@ -216,11 +229,14 @@ def trace(captured: CapturedFunction, inputs, runs: int = 5, warmup: int = 2,
     if calibrate and kernels > 0:
         scale = statistics.median(traced.untraced_times_s) / kernels
         ops = [dataclasses.replace(op, time_s=op.time_s * scale) for op in ops]
+    elapsed = time.perf_counter() - t0
     # The peak of the run whose order is kept, so the two describe one execution.
-    peak = measure.transient_peak(stats[-1], device) + traced.variable_bytes
-    return Profile(source="trace", device=device, ops=tuple(ops), executed_order=tuple(order),
-                   peak_bytes=peak, runs=runs, warmup=warmup,
-                   profiling_time_s=time.perf_counter() - t0, time_scale=scale)
+    return tuple(Profile(source="trace", device=device, ops=tuple(ops),
+                         executed_order=tuple(order),
+                         peak_bytes=measure.transient_peak(stats[-1], device)
+                         + measure.variable_bytes_on(captured, device),
+                         runs=runs, warmup=warmup, profiling_time_s=elapsed, time_scale=scale)
+                 for device in devices)
 
 
 def _plain_attrs(op: tf.Operation) -> dict:
