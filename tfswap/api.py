@@ -362,6 +362,9 @@ def parameters_text(plan: Plan, lowered, captured) -> str:
 
 
 def _unverified_reason(prepared: pipeline.Prepared) -> str:
+    if prepared.captured.other_workers:
+        return ("verify_rounds=0: a multi-worker step cannot run alone here, its collectives "
+                "wait for the other workers")
     if prepared.options.verify_rounds == 0:
         return "verify_rounds=0"
     return f"this process cannot measure the peak of {prepared.device}"

@@ -41,7 +41,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfswap import api
+from tfswap import api, worker_plans
 from tfswap.keras_steps import (KINDS, batch_signature, batches, build_for, check_model,
                                 element_spec, live_variables, per_replica,
                                 require_tensorflow_backend, shapes_text, step_function,
@@ -68,8 +68,9 @@ class SwapCallback(keras.callbacks.Callback):
     of the model's name, the step kind and the batch signature, and loaded
     from there next time if it was made for the same graph and budget (else
     re-planned and saved).  Default :data:`USER_CACHE`: :func:`default_plan_path`;
-    None: plans are not saved.  ``background``: True (default) starts each
-    step on a first plan made in seconds while the full search
+    None: plans are not saved.  ``background``: True (what the default, None,
+    means except on several workers, below) starts each step on a first plan
+    made in seconds while the full search
     (``search_time`` or ``generations``) runs in a background thread, and
     switches to its plan at a step boundary where it is faster (plans are
     saved once their search has ended); False searches before the first
@@ -97,9 +98,23 @@ class SwapCallback(keras.callbacks.Callback):
     Under a ``tf.distribute.MirroredStrategy`` each replica's batch is its
     own argument of the planned step, and each device (the strategy's: pass
     ``host`` alone, or nothing) is planned for the budget (:func:`tfswap.optimize`
-    on a replicated step); such plans are not saved to ``plan_path``.  Not supported (a clear error at ``fit``): other
-    ``tf.distribute`` strategies and ``run_eagerly=True``.  With ``jit_compile=True`` (Keras's "auto"
-    where a GPU exists) the planned steps run without XLA, after a warning.
+    on a replicated step); such plans are not saved to ``plan_path``.  Under a
+    ``MultiWorkerMirroredStrategy`` over several workers
+    (:mod:`tfswap.worker_plans`) each worker plans its own step from its shapes
+    and does not verify it (``profile="analytic"``, ``verify_rounds=0``: the
+    step's all-reduce waits for the other workers, so it cannot run alone; the
+    budget is held by the memory model alone), before the step's first batch
+    (no background search: every worker adopts its plan at the same step), and
+    saves no plan; a ``profile``, ``verify_rounds`` or ``background=True`` asking
+    otherwise is refused at ``fit`` with
+    :class:`tfswap.worker_plans.WorkerSettingsError`; ``predict`` runs Keras's own
+    step there, after a warning (its gathered outputs have shapes known only when
+    it runs, which an analytic profile cannot count).  ``notes`` says how the
+    callback plans under the model's strategy, and :meth:`report` lists each
+    plan and whether it was verified.  Not supported (a clear error at
+    ``fit``): other ``tf.distribute`` strategies and ``run_eagerly=True``.  With
+    ``jit_compile=True`` (Keras's "auto" where a GPU exists) the planned steps
+    run without XLA, after a warning.
 
     Example::
 
@@ -111,17 +126,23 @@ class SwapCallback(keras.callbacks.Callback):
 
     def __init__(self, memory_budget=None, *, options: Options | None = None,
                  plan_path=USER_CACHE, verbose: int = 1, new_shapes: str = "plan",
-                 inference: bool = True, background: bool = True, **settings):
+                 inference: bool = True, background: bool | None = None, **settings):
         super().__init__()
         require_tensorflow_backend()
         # The plans' settings: tfswap.Options, checked there (the same object
-        # tfswap.optimize takes).
-        self.options = api.options_of(memory_budget, options, settings)
+        # tfswap.optimize takes); on several workers, a worker's (_plan_here).
+        self.options = self._requested = api.options_of(memory_budget, options, settings)
+        self._explicit = worker_plans.explicit_settings(options, settings)
+        self._background = background
         # The plans, per step kind and batch signature, and their files; it checks
         # verbose, new_shapes and background.
         self.store = PlanStore(plan_directory(plan_path), self.options, verbose=verbose,
-                               new_shapes=new_shapes, background=background)
+                               new_shapes=new_shapes,
+                               background=True if background is None else background)
         self.inference = inference
+        # How the plans are made under the model's strategy (several workers: say so).
+        self.notes: tuple[str, ...] = ()
+        self._workers = 1
         self._saved: dict = {}    # kind -> Keras's function while ours is installed
         self._warned: set = set()
 
@@ -162,14 +183,68 @@ class SwapCallback(keras.callbacks.Callback):
     def on_predict_end(self, logs=None):
         self._restore("predict")
 
+    def report(self) -> str:
+        """The callback's notes, then each step it planned: its plan, the budget, the
+        predicted peak and whether a measurement verified it.
+
+        Example::
+
+            model.fit(ds, epochs=2, callbacks=[cb])
+            print(cb.report())
+        """
+        lines = [f"tfswap.keras.SwapCallback: {note}" for note in self.notes]
+        for (kind, signature), fast in self.functions.items():
+            what = f"{kind} step for batches shaped {shapes_text(signature)}"
+            if fast is None:
+                lines.append(f"{what}: Keras's own step (new_shapes='original')")
+                continue
+            plans = (fast.plan,) + tuple(fast.replica_plans)
+            swaps = sum(len(p.swaps) for p in plans)
+            peak = max(p.prediction.peak_bytes or 0 for p in plans)
+            verified = (f"verified: measured peak {fast.measured_peak_bytes} B"
+                        if fast.measured_peak_bytes is not None else
+                        "no swaps needed" if swaps == 0 else
+                        "not verified: its peak is the memory model's prediction")
+            lines.append(f"{what}: plan {fast.plan.id} ({fast.plan.planner}), {swaps} swap(s), "
+                         f"predicted peak {peak} B for a budget of {fast.budget_bytes} B; "
+                         f"{verified}")
+        return "\n".join(lines)
+
     def _install(self, kind: str) -> None:
         model = self.model
         check_model(model, self._warned)
+        self._plan_here(model.distribute_strategy)
+        if kind in worker_plans.LEFT_TO_KERAS and self._workers > 1:
+            if kind not in self._warned:
+                self._warned.add(kind)
+                why = worker_plans.LEFT_TO_KERAS[kind]
+                warnings.warn(f"tfswap.keras.SwapCallback: {why}", stacklevel=3)
+            return
         self.store.name = model.name
         self.store.forget_stale(live_variables(model))
         attr = f"{kind}_function"
         self._saved[kind] = getattr(model, attr)
         setattr(model, attr, self._predict_runner() if kind == "predict" else self._runner(kind))
+
+    def _plan_here(self, strategy) -> None:
+        """The options and mode of the plans under ``strategy``: on several workers
+        a worker's (:func:`tfswap.worker_plans.worker_options`: from shapes, not
+        verified, in the foreground), else the caller's.  The same on every worker,
+        decided before any step runs."""
+        workers = worker_plans.worker_count(strategy)
+        if workers > 1:
+            options = worker_plans.worker_options(self._requested, self._explicit, workers)
+            if self._background:
+                raise worker_plans.background_error(workers)
+            background, notes = False, worker_plans.worker_notes(strategy, workers)
+        else:
+            options, background, notes = self._requested, self._background is not False, ()
+        if notes and notes != self.notes and self.store.verbose >= 1:
+            for note in notes:
+                print(f"tfswap: {note}")
+        self._workers, self.notes = workers, notes
+        self.options = self.store.options = options
+        self.store.background = background
 
     def _restore(self, kind: str) -> None:
         if kind in self._saved:
@@ -226,8 +301,9 @@ class SwapCallback(keras.callbacks.Callback):
             return (step_function(self.model, data, kind, spec, replicas is not None),
                     [np.asarray(leaf) for leaf in tf.nest.flatten(data)])
 
-        # A replicated step's plans (one per replica) are not saved to files yet.
-        fast = self.store.function(key, trace, saved=replicas is None,
+        # A replicated step's plans (one per replica) are not saved to files yet, nor
+        # a worker's of several (load_plan would capture it as a step that can run alone).
+        fast = self.store.function(key, trace, saved=replicas is None and self._workers == 1,
                                    what=f"{kind} step for batches shaped {shapes_text(key[1])}",
                                    after_move=lambda: without_xla(self.model, self._saved),
                                    live=lambda: live_variables(self.model))

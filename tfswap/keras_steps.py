@@ -20,8 +20,12 @@ import tensorflow as tf
 from tensorflow.python.util import nest
 
 from tfswap.tf.capture import at_shapes
+from tfswap.worker_plans import worker_count
 
 KINDS = ("train", "test", "predict")
+# The tf.distribute strategies whose steps the callback plans (a multi-worker
+# one's per worker: tfswap.worker_plans).
+SUPPORTED_STRATEGIES = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
 def require_tensorflow_backend() -> None:
@@ -88,9 +92,9 @@ def build_for(model, data, kind: str = "train") -> None:
 
 
 def per_replica(model, data):
-    """The replicas' own batches, one structure per replica, where ``fit`` under a
-    ``MirroredStrategy`` feeds ``data`` as distributed values; None where it
-    feeds plain tensors."""
+    """The replicas' own batches, one structure per replica (this worker's, under a
+    ``MultiWorkerMirroredStrategy``), where ``fit`` under a strategy feeds ``data``
+    as distributed values; None where it feeds plain tensors."""
     if not any(isinstance(leaf, tf.distribute.DistributedValues)
                for leaf in tf.nest.flatten(data)):
         return None
@@ -111,9 +115,10 @@ def step_function(model, data, kind: str = "train", spec=None, replicated: bool 
     the same step (Grappler folds the batch size into constants).  This is
     what :class:`SwapCallback` hands to :func:`tfswap.optimize`; use it to
     measure the unmodified step.  ``replicated``: ``data`` is one batch per
-    replica of the model's ``MirroredStrategy`` (:func:`per_replica`), each
-    replica steps on its own, and the outputs are reduced across replicas as
-    Keras reduces them::
+    replica of the model's ``MirroredStrategy`` (or this worker's replicas of its
+    ``MultiWorkerMirroredStrategy``: :func:`per_replica`), each replica steps on
+    its own, and the outputs are reduced across replicas as Keras reduces them
+    (:func:`reduce_outputs`)::
 
         cf = tfswap.keras.step_function(model, (x[:32], y[:32]))
         captured = tfswap.tf.capture.capture(cf)
@@ -130,14 +135,13 @@ def step_function(model, data, kind: str = "train", spec=None, replicated: bool 
 
     def one_step(batch):
         if replicated:
+            # The replica's id counts every worker's replicas; the batch holds this
+            # worker's, in the same order.
             batch = strategy.experimental_distribute_values_from_function(
-                lambda context: batch[context.replica_id_in_sync_group])
+                lambda context: batch[context.replica_id_in_sync_group % len(batch)])
         outputs = strategy.run(step, args=(batch,))
         if strategy.num_replicas_in_sync > 1:   # as Keras's own step function
-            from keras.src.backend.tensorflow.trainer import reduce_per_replica
-
-            outputs = reduce_per_replica(outputs, strategy,
-                                         reduction="concat" if kind == "predict" else "auto")
+            outputs = reduce_outputs(outputs, strategy, kind)
         return outputs
 
     static = _specs(data)
@@ -147,6 +151,22 @@ def step_function(model, data, kind: str = "train", spec=None, replicated: bool 
     traced = tf.nest.map_structure(lambda s, t: tf.TensorSpec(s.shape, t.dtype), spec, static)
     cf = tf.function(one_step, autograph=False).get_concrete_function(traced)
     return at_shapes(cf, [tuple(t.shape) for t in tf.nest.flatten(static)])
+
+
+def reduce_outputs(outputs, strategy, kind: str):
+    """A replicated step's outputs (``strategy.run``'s) reduced across the replicas
+    as Keras reduces its own step's: the logs averaged over every replica, the
+    predictions concatenated.  On several workers (``MultiWorkerMirroredStrategy``)
+    the logs are averaged over every worker's replicas by an all-reduce in the
+    step, as Keras means to: Keras 3.15's own step asks for that reduction along
+    axis 0 of each log, which fails for a scalar (``reduce_per_replica``, with
+    keras-team/keras#20585's failure in ``fit``'s first build)."""
+    from keras.src.backend.tensorflow.trainer import reduce_per_replica
+
+    if kind != "predict" and worker_count(strategy) > 1:
+        return tf.nest.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), outputs)
+    return reduce_per_replica(outputs, strategy,
+                              reduction="concat" if kind == "predict" else "auto")
 
 
 def batches(iterator, steps: int):
@@ -164,16 +184,17 @@ def batches(iterator, steps: int):
 
 def check_model(model, warned: set) -> None:
     """Raise where :class:`tfswap.keras.SwapCallback` cannot plan ``model``'s steps
-    (a ``tf.distribute`` strategy other than ``MirroredStrategy``, ``run_eagerly``);
+    (a ``tf.distribute`` strategy other than :data:`SUPPORTED_STRATEGIES`,
+    ``run_eagerly``);
     warn once (``warned`` remembers) that a model compiled for XLA runs its
     planned steps without it."""
     strategy = model._distribute_strategy or (tf.distribute.get_strategy()
                                               if tf.distribute.has_strategy() else None)
-    if strategy is not None and not isinstance(strategy, tf.distribute.MirroredStrategy):
+    if strategy is not None and not isinstance(strategy, SUPPORTED_STRATEGIES):
         raise RuntimeError(
-            "tfswap.keras.SwapCallback plans one machine's replicas: of the tf.distribute "
-            f"strategies it supports MirroredStrategy, not {type(strategy).__name__}. Fit "
-            "under a MirroredStrategy, or outside any strategy.")
+            "tfswap.keras.SwapCallback plans each worker's replicas: of the tf.distribute "
+            "strategies it supports MirroredStrategy and MultiWorkerMirroredStrategy, not "
+            f"{type(strategy).__name__}. Fit under one of those, or outside any strategy.")
     if getattr(model, "jit_compile", False) and "jit_compile" not in warned:
         # Keras turns XLA on by default where a GPU exists ("auto"); XLA would
         # lay out memory itself, so the planned step runs as a TF graph.
@@ -232,6 +253,6 @@ def shapes_text(signature) -> str:
     return ", ".join(f"{list(shape)} {dtype}" for _, shape, dtype, _ in signature)
 
 
-__all__ = ["KINDS", "batch_signature", "batches", "build_for", "check_model", "element_spec",
-           "live_variables", "per_replica", "require_tensorflow_backend", "shapes_text",
-           "step_function", "without_xla"]
+__all__ = ["KINDS", "SUPPORTED_STRATEGIES", "batch_signature", "batches", "build_for",
+           "check_model", "element_spec", "live_variables", "per_replica", "reduce_outputs",
+           "require_tensorflow_backend", "shapes_text", "step_function", "without_xla"]

@@ -195,6 +195,24 @@ def test_timed_live_peak_counts_small_buffers_only_while_they_live():
         live_peak_bytes_timed(simulate(g, plan, LINK, compiled=cg), cg, plan.schedule)
 
 
+def test_timed_live_peak_of_a_step_whose_buffers_are_all_small():
+    """No pool buffer, so no allocation event: the small buffers' peak (a step of
+    scalars, such as a lone all-reduce, planned with the analytic profile)."""
+    from tfswap.core.compiled import CompiledGraph
+    from tfswap.core.simulator import held_peak_bytes, live_peak_bytes_timed
+
+    ops = [Op("s1", "X", time_s=1.0), Op("s2", "X", ("s1:0",), time_s=1.0),
+           Op("s3", "X", ("s2:0",), time_s=1.0)]
+    g = DataflowGraph.build(ops, [Tensor(f"{o.name}:0", 100) for o in ops])
+    plan = Plan(schedule=("s1", "s2", "s3"),
+                allocation=Allocation((), (), small_pool_bytes=200, small_threshold_bytes=1000))
+    cg = CompiledGraph.build(g, 1000)
+    r = simulate(g, plan, LINK, events=True, compiled=cg)
+    assert r.events and not r.allocation_events
+    assert live_peak_bytes_timed(r, cg, plan.schedule) == 200
+    assert held_peak_bytes(g, plan, LINK, compiled=cg) == 200
+
+
 def later_need_ready_first():
     """Two parameter prefetches, 1 s each on the link: w1 is needed first (by y)
     but its trigger is q; w2 is needed later (by z) and triggered earlier (p)."""

@@ -430,7 +430,8 @@ def test_swap_callback_refuses_a_strategy_other_than_mirrored():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
         model.compile(optimizer="sgd", loss="mse", jit_compile=False)
     callback = tfswap.keras.SwapCallback(memory_budget="1MiB", generations=1, verbose=0)
-    with pytest.raises(RuntimeError, match="supports MirroredStrategy, not OneDeviceStrategy"):
+    with pytest.raises(RuntimeError, match="supports MirroredStrategy and "
+                       "MultiWorkerMirroredStrategy, not OneDeviceStrategy"):
         model.fit(np.ones((8, 4), np.float32), np.ones((8, 2), np.float32), batch_size=4,
                   epochs=1, verbose=0, callbacks=[callback])
 
