@@ -340,3 +340,84 @@ def test_held_peak_counts_buffers_at_their_own_sizes_not_their_classes():
     assert simulate(g, plan, LINK).peak_bytes == 3 * 4 * MB
     held = held_peak_bytes(g, plan, LINK)
     assert held == liveness.peak(g, plan.schedule) == 4 * MB + 2 * MB
+
+
+def test_held_peak_holds_a_swap_in_from_its_trigger_not_from_its_copy():
+    """Issue #44: TensorFlow's SwapIn op allocates its output when it runs, once
+    its trigger (here: none, the step's start) is done, while its copy waits on
+    the link behind the copy the plan's stream order puts first (w1's, needed
+    sooner, triggered after b).  w2's megabyte is held from the start, beside a's
+    3 MB and b's 1 MB; counted from its copy's start the peak was 4 MB."""
+    from tfswap.core.compiled import CompiledGraph
+    from tfswap.core.simulator import held_peak_bytes, live_peak_bytes_timed
+
+    ops = [Op("w1", "ReadVariableOp"), Op("w2", "ReadVariableOp"), Op("a", "X", time_s=2.0),
+           Op("b", "X", ("a:0",), time_s=2.0), Op("r1", "X", ("w1:0", "b:0"), time_s=1.0),
+           Op("r2", "X", ("w2:0", "r1:0"), time_s=1.0)]
+    g = DataflowGraph.build(ops, [Tensor("w1:0", MB, kind="parameter"),
+                                  Tensor("w2:0", MB, kind="parameter"), Tensor("a:0", 3 * MB),
+                                  Tensor("b:0", MB), Tensor("r1:0", MB), Tensor("r2:0", MB)])
+    swaps = (Swap("w1:0", out_after="", in_after="b", consumers=("r1",), bytes=MB,
+                  kind="prefetch"),
+             Swap("w2:0", out_after="", in_after="", consumers=("r2",), bytes=MB,
+                  kind="prefetch"))
+    plan = Plan(schedule=("w1", "w2", "a", "b", "r1", "r2"), swaps=swaps,
+                allocation=Allocation((MB, 3 * MB), (4, 1)), resident_parameters=())
+    r = simulate(g, plan, LINK, events=True)
+    # The plan's timing: w1 moves 4-5 s, w2 behind it 5-6 s; r2 waits for w2.
+    copies = {e.name: (e.start_s, e.end_s) for e in r.events if e.stream == "h2d"}
+    assert copies == {"w1:0": (4.0, 5.0), "w2:0": (5.0, 6.0)} and r.step_time_s == 7.0
+    # The pool takes w2's object when its copy starts; TF's allocator holds it
+    # from the start (the same object, as the pool gives it).
+    taken = {e.tensor: e for e in r.allocation_events if e.is_alloc}
+    held = {e.tensor: e for e in r.held_events if e.is_alloc}
+    assert taken["w2:0"].time_s == 5.0 and held["w2:0"].time_s == 0.0
+    assert held["w2:0"].object_index == taken["w2:0"].object_index
+    assert {k: e.time_s for k, e in held.items() if k != "w2:0"} == \
+        {k: e.time_s for k, e in taken.items() if k != "w2:0"}
+    assert r.peak_bytes == 4 * MB     # the pool's objects, w2 from 5 s
+    assert held_peak_bytes(g, plan, LINK) == 5 * MB    # a, b and w2 during b
+    cg = CompiledGraph.build(g, 1 << 20)
+    assert live_peak_bytes_timed(r, cg, plan.schedule) == 5 * MB
+    # A swap op issued where it becomes ready (the "ready" copy order) takes
+    # its object then: what TF's allocator holds is what the pool holds.
+    ready = simulate(g, plan, LINK, events=True, copy_order="ready")
+    assert ready.held_events == ready.allocation_events
+    assert next(e for e in ready.allocation_events if e.tensor == "w2:0").time_s == 0.0
+
+
+def test_a_swap_in_is_held_from_its_own_swap_outs_end_not_its_trigger():
+    """A SwapIn op reads its swap-out's host copy: a:0, triggered by b (done at
+    2 s), comes back only once its own swap-out is done (3 s), and is held from
+    then, not from b's end; nothing waits on the link before it, so what TF's
+    allocator holds is what the pool holds."""
+    g = chain()
+    swap = Swap("a:0", out_after="b", in_after="b", consumers=("d",), bytes=MB)
+    plan = Plan(schedule=("a", "b", "c", "d"), swaps=(swap,), allocation=Allocation((MB,), (3,)))
+    r = simulate(g, plan, LINK, events=True)
+    out = next(e for e in r.events if e.stream == "d2h")
+    back = next(e for e in r.events if e.stream == "h2d")
+    assert (out.start_s, out.end_s) == (2.0, 3.0) and back.start_s == 3.0
+    takes = [e.time_s for e in r.held_events if e.is_alloc and e.tensor == "a:0"]
+    assert takes == [0.0, 3.0]
+    assert r.held_events == r.allocation_events
+
+
+def test_a_fetched_parameter_is_held_from_its_read_not_before():
+    """A prefetch's SwapIn reads the parameter's read op, an op of the schedule:
+    w2 fetched "with the step" but read after a is held from a's end (2 s), not
+    from the start, though the plan's copy moves it from 0 s."""
+    ops = [Op("a", "X", time_s=2.0), Op("w2", "ReadVariableOp"),
+           Op("b", "X", ("a:0", "w2:0"), time_s=1.0)]
+    g = DataflowGraph.build(ops, [Tensor("a:0", MB), Tensor("w2:0", MB, kind="parameter"),
+                                  Tensor("b:0", MB)])
+    swaps = (Swap("w2:0", out_after="", in_after="", consumers=("b",), bytes=MB,
+                  kind="prefetch"),)
+    plan = Plan(schedule=("a", "w2", "b"), swaps=swaps, allocation=Allocation((MB,), (3,)),
+                resident_parameters=())
+    r = simulate(g, plan, LINK, events=True)
+    assert [(e.start_s, e.end_s) for e in r.events if e.stream == "h2d"] == [(0.0, 1.0)]
+    pool = next(e for e in r.allocation_events if e.tensor == "w2:0")
+    held = next(e for e in r.held_events if e.tensor == "w2:0")
+    assert (pool.time_s, held.time_s) == (0.0, 2.0)
+    assert held.object_index == pool.object_index

@@ -16,10 +16,16 @@ as its stream is free and its dependencies are done:
 * swap-out: the op after which it is released (a drop takes no link time:
   it is done when that op is).
 
-That is the planner's model (``copy_order="plan"``).  ``copy_order="ready"``
-is how TensorFlow runs the rewritten graph, for fidelity studies: each copy
-joins its direction's queue when its swap op becomes ready (a swap-in then
-takes its object), and its latency delays its completion, not the next copy
+That is the planner's model (``copy_order="plan"``), for the time each copy
+moves and for the pool's objects.  What TensorFlow's own allocator holds
+(``SimResult.held_events``, with ``events=True``) differs in one point: a
+SwapIn op allocates its output when it runs, once its trigger op, the
+swap-outs it waits for and its input (its own swap-out, or a fetched
+parameter's read) are done, which may be well before its copy reaches the
+head of the plan's stream order (issue #44).  ``copy_order="ready"`` is how
+TensorFlow runs the rewritten graph, for fidelity studies: each copy joins
+its direction's queue when its swap op becomes ready (a swap-in then takes
+its object), and its latency delays its completion, not the next copy
 (:func:`simulate`).
 
 A device whose copies run on the compute stream (``copies_on_compute``: the
@@ -124,6 +130,12 @@ class SimResult:
     class_peak_objects: tuple[int, ...]
     events: tuple[SimEvent, ...] = ()
     allocation_events: tuple[AllocationEvent, ...] = ()
+    # What TensorFlow's allocator holds (``events=True``, Python simulator): the
+    # same takes and releases, but a swap-in takes its buffer when its SwapIn op
+    # runs (its trigger op, the swap-outs it waits for and its input, its own
+    # swap-out or a fetched parameter's read, done), which may be well before
+    # its copy starts in the plan's stream order.
+    held_events: tuple[AllocationEvent, ...] = ()
 
 
 COPY_ORDERS = ("plan", "ready")
@@ -318,7 +330,15 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
     arrived = {}
     alloc_events = []
 
-    def take(b, t):
+    # What TensorFlow's allocator holds (``SimResult.held_events``): the pool's
+    # takes and releases, except that a swap-in holds its buffer from when its
+    # SwapIn op runs (:func:`held_take`), not from when its copy starts.  Rows
+    # [time, take, buffer, class, object]; a swap-in's object is filled in when
+    # its copy takes it.
+    held_rows = []
+    held_row_of = {}   # swap-in index -> its row until its copy starts, or its object
+
+    def take(b, t, held=True):
         nonlocal used_bytes, peak
         arrived[b] = False
         c = buf_class[b]
@@ -332,6 +352,8 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
         peak = max(peak, used_bytes)
         if record:
             alloc_events.append(AllocationEvent(t, True, cg.buf_names[b], int(bb[b]), c, obj[b]))
+            if held:
+                held_rows.append([t, True, b, c, obj[b]])
 
     def give(b, t):
         nonlocal used_bytes
@@ -342,6 +364,7 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
         used_bytes -= allocation.class_bytes[c]
         if record:
             alloc_events.append(AllocationEvent(t, False, cg.buf_names[b], int(bb[b]), c, obj[b]))
+            held_rows.append([t, False, b, c, obj[b]])
 
     # What each position waits for, and what is released when it ends.
     need_of = [[] for _ in range(n)]
@@ -377,11 +400,61 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
     def out_done(j):
         return out_fin[j] if outs[j].copy else op_done[outs[j].out_after]
 
+    # When each swap-in's SwapIn op runs (plan order, with events): TensorFlow
+    # runs it once its control inputs (the trigger op, the swap-outs it waits
+    # for) and its input are done: its own swap-out's host copy, or for a
+    # parameter fetched from its host home the variable's read, an op of the
+    # schedule; it allocates its output then, whatever the link is still
+    # moving (the plan's stream order only says when its bytes move).
+    # ``unmet``: what each one still waits for; ``after_op``/``after_out``: the
+    # swap-ins each op and swap-out lets go (once per mention).
+    issuing = record and not ready_order
+    unmet = [0] * len(ins)
+    after_op = [[] for _ in range(n)] if issuing else []
+    after_out = [[] for _ in range(len(outs))] if issuing else []
+    issued_now = []
+    if issuing:
+        position = {int(o): k for k, o in enumerate(order)}
+        for i, r in enumerate(ins):
+            ops = [r.trigger] if r.trigger >= 0 else []
+            if r.own_out < 0:   # the parameter's read (not an op's output in cg)
+                read = position.get(cg.graph.tensor(cg.buf_names[r.buf]).producer, -1)
+                if read >= 0:
+                    ops.append(read)
+            for k in ops:
+                after_op[k].append(i)
+            for j in r.waits + ((r.own_out,) if r.own_out >= 0 else ()):
+                after_out[j].append(i)
+            unmet[i] = len(ops) + len(r.waits) + (r.own_out >= 0)
+            if not unmet[i]:
+                issued_now.append(i)
+
+    def let_go(waiting):
+        for i in waiting:
+            unmet[i] -= 1
+            if not unmet[i]:
+                issued_now.append(i)
+
+    def held_take(t):
+        # The swap-ins whose SwapIn ops run now hold their buffers from now
+        # (after the releases of this instant, as TF frees a finished op's
+        # inputs before it runs the ops that op made ready).
+        for i in issued_now:
+            b = ins[i].buf
+            row = [t, True, b, buf_class[b], -1]
+            if i in held_row_of:   # its copy started first: the object it took
+                row[4] = held_row_of.pop(i)
+            else:
+                held_row_of[i] = row
+            held_rows.append(row)
+        issued_now.clear()
+
     ev = []
     t = 0.0
     for b in prog.resident:
         take(b, t)
         arrived[b] = True
+    held_take(t)
     kc, hi, di = 0, 0, 0           # next item of each stream
     c_run = h_run = d_run = False
     c_end = h_rem = d_rem = h_lat = d_lat = 0.0
@@ -468,11 +541,17 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
         return ((r.trigger < 0 or op_done[r.trigger]) and all(out_done(j) for j in r.waits)
                 and (r.own_out < 0 or out_done(r.own_out)))
 
-    def take_in(r):
+    def take_in(i):
+        r = ins[i]
         if r.buf in arrived:
             raise PlanError(f"swap-in of {cg.buf_names[r.buf]!r} while it is "
                             "still on the device")
-        take(r.buf, t)
+        take(r.buf, t, held=not issuing)
+        if issuing:   # its held row (made when its SwapIn op ran) gets the object
+            if i in held_row_of:
+                held_row_of.pop(i)[4] = obj[r.buf]
+            else:   # its op runs later (a parameter read the plan's copy did not wait for)
+                held_row_of[i] = obj[r.buf]
 
     def issue():
         # A swap op runs (and a swap-in allocates its buffer) once its inputs
@@ -482,7 +561,7 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
         waiting = []
         for i in pend_in:
             if in_ready(ins[i]) and stack[buf_class[ins[i].buf]]:
-                take_in(ins[i])
+                take_in(i)
                 h_q.append(i)
                 asked[(True, i)] = t
                 charge(in_parts[i])
@@ -515,7 +594,7 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
                 return False
             if fifo is not None and not fifo.take(0, me, t):
                 return False
-            take_in(ins[hi])
+            take_in(hi)
             h_cur = hi
         # Issue order: the latency delays the copy's completion, not the link.
         h_run, h_start, h_rem = True, t, float(in_moved[h_cur])
@@ -555,6 +634,8 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
                                int(bb[outs[j].buf])))
         give(outs[j].buf, end)
         out_fin[j] = True
+        if issuing:
+            let_go(after_out[j])
 
     # With copies on the compute stream one item runs at a time, a ready
     # copy before the next op (they become ready when the same op ends; the
@@ -611,6 +692,10 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
                 give(outs[j].buf, te)
             for b in temps_of[kc]:
                 give(b, te)
+            if issuing:
+                let_go(after_op[kc])
+                for j in drops_of[kc]:
+                    let_go(after_out[j])
             c_run = False
             kc += 1
         if h_run:
@@ -646,6 +731,8 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
         while completing and completing[0][0] <= te:
             _, _, is_in, idx, start = heapq.heappop(completing)
             (finish_in if is_in else finish_out)(idx, start, te)
+        if issued_now:
+            held_take(te)
         t = te
         msg = (yield None) if not solo else None
     if kc < n or hi < len(ins) or di < len(d2h_list):
@@ -659,23 +746,30 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
         step_time_s=end_t, peak_bytes=peak + allocation.small_pool_bytes,
         h2d_bytes=h2d_bytes, d2h_bytes=d2h_bytes, stall_s=max(0.0, last_op_end - busy),
         class_peak_objects=tuple(peak_use), events=tuple(ev),
-        allocation_events=tuple(alloc_events))
+        allocation_events=tuple(alloc_events),
+        held_events=tuple(AllocationEvent(float(t_), take_, cg.buf_names[b], int(bb[b]), c, j)
+                          for t_, take_, b, c, j in held_rows))
 
 
 def live_peak_bytes(result: SimResult, small_pool_bytes: int = 0) -> int:
     """Peak of the bytes the pool's buffers really hold (their own sizes, not
     their classes') plus ``small_pool_bytes``: what an allocator without size
-    classes (TF's on the emulated device) would have in use.  Needs a result
+    classes (TF's on the emulated device) would have in use, each swap-in from
+    when its SwapIn op runs (``SimResult.held_events``).  Needs a result
     simulated with ``events=True``.
     """
-    if not result.allocation_events:
-        raise ValueError("live_peak_bytes needs the allocation events: simulate with "
-                         "events=True")
     live = peak = 0
-    for e in result.allocation_events:   # recorded in time order, releases first
+    for e in _held_events(result, "live_peak_bytes"):   # time order, releases first
         live += e.nbytes if e.is_alloc else -e.nbytes
         peak = max(peak, live)
     return peak + int(small_pool_bytes)
+
+
+def _held_events(result: SimResult, who: str) -> tuple[AllocationEvent, ...]:
+    if not result.held_events and not result.events:
+        raise ValueError(f"{who} needs the held allocation events: simulate with events=True "
+                         "(the Python simulator; tfswap.core.simulator.simulate)")
+    return result.held_events
 
 
 def live_peak_bytes_timed(result: SimResult, cg: CompiledGraph, schedule: Sequence[str]) -> int:
@@ -690,9 +784,7 @@ def live_peak_bytes_timed(result: SimResult, cg: CompiledGraph, schedule: Sequen
     unrolled LSTM, whose 4 KiB states make 40% of its peak, by ~0.5 MB).
     Needs a result simulated with ``events=True`` (a step whose buffers are all
     small has no allocation events, but its ops' events)."""
-    if not result.allocation_events and not result.events:
-        raise ValueError("live_peak_bytes_timed needs the allocation events: simulate with "
-                         "events=True")
+    held = _held_events(result, "live_peak_bytes_timed")
     order = cg.order_of(schedule)
     n = len(order)
     small_live = cg.small_live_bytes(order)
@@ -705,7 +797,7 @@ def live_peak_bytes_timed(result: SimResult, cg: CompiledGraph, schedule: Sequen
             starts[name_pos[e.name]] = min(starts[name_pos[e.name]], e.start_s)
     starts = np.minimum.accumulate(starts[::-1])[::-1]   # monotone, for searchsorted
     live = peak = 0
-    for e in result.allocation_events:   # time order, releases first
+    for e in held:   # time order, releases first
         live += e.nbytes if e.is_alloc else -e.nbytes
         k = max(0, int(np.searchsorted(starts, e.time_s, side="right")) - 1)
         peak = max(peak, live + int(small_live[k]))
@@ -727,12 +819,25 @@ def held_peak_bytes(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *,
     which TensorFlow's allocator never holds: predicted as the pool's peak,
     those steps measured 19% and 24% below their prediction (issue #44).
     Here the same simulation counts the buffers at their sizes and the small
-    ones while they live (:func:`live_peak_bytes_timed`).  Arguments as
-    :func:`simulate`'s.
+    ones while they live (:func:`live_peak_bytes_timed`).
+
+    A swap-in is held from when TensorFlow runs its SwapIn op
+    (``SimResult.held_events``), not from when the pool takes its object: the
+    op allocates its output as soon as its trigger op and the swap-outs it
+    waits for (its control inputs) and its input (its own swap-out, or a
+    fetched parameter's read) are done, while its copy may wait on the link
+    behind copies the plan's stream order puts first.  Counted from the
+    copies' starts, swap-ins triggered well before the link reached them were
+    missing from the peak (issue #44: ResNet-50 with its variables in host
+    memory at 30%, the optimizer slots fetched with the step, measured 9% over
+    that prediction; random fuzz steps up to 4.7%).  When the data arrives, and
+    so the step's timing, is the plan's as simulated.  So the held peak may
+    exceed the pool's (``SimResult.peak_bytes``) where an early swap-in meets
+    the peak.  Arguments as :func:`simulate`'s.
 
     Example::
 
-        held_peak_bytes(graph, plan, spec) <= simulate(graph, plan, spec).peak_bytes
+        held_peak_bytes(graph, plan, spec)   # bytes; the plan's prediction on the emulated device
     """
     cg = compiled or CompiledGraph.build(
         graph, plan.allocation.small_threshold_bytes if plan.allocation else 1 << 20, keep)
