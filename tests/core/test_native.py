@@ -3,7 +3,7 @@
 from dataclasses import replace
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tfswap.core import native
@@ -185,6 +185,9 @@ def program_agrees(cg, prog, alloc, spec):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), fraction=st.floats(0.3, 0.95), share=st.sampled_from(
     [0.1, 0.5]), latency=st.sampled_from([0.0, 2e-5]), serial=st.booleans())
+# A plan whose swaps, read back, are not the scan's records: its pool was the scan's, one
+# object short for what it runs.
+@example(seed=432455, fraction=0.65625, share=0.1, latency=0.0, serial=False)
 def test_the_compiled_program_simulation_matches_the_reference_with_recomputations(
         seed, fraction, share, latency, serial):
     # The byte-cap planner's hybrid programs (drops, chains of ops made again,

@@ -95,8 +95,8 @@ from tfswap.core.plan import Allocation, Plan, Prediction
 from tfswap.core.infeasible import InfeasibleAllocation
 from tfswap.core.planner import default_allocation, ideal_times
 from tfswap.core.program import (START, InRec, OutRec, Program, RecomputeRec, _recompute_order,
-                                 _schedule_lookup, canonical, chain_copies, inputs_back,
-                                 to_plan_swaps)
+                                 _schedule_lookup, canonical, chain_copies, from_plan,
+                                 inputs_back, to_plan_swaps)
 from tfswap.core.recompute import ChainIndex, value_chain
 from tfswap.core.simulator import PlanError, SimResult, run_program, try_program_rows
 
@@ -982,6 +982,16 @@ def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memor
     swaps, resident = to_plan_swaps(cg, prog)
     names = _memo(cg, "names", _order_key(order),
                   lambda: tuple(graph.ops[int(o)].name for o in order))
+    back = from_plan(cg, names, swaps, resident)
+    if back != prog:
+        # What the plan runs is its swaps read back, which can differ from the
+        # scan's records (a remake's inputs brought back another way): its pool
+        # and prediction come from that (test_native's hypothesis example 432455:
+        # the scanned program's objects were one short for the one read back).
+        result, pool = _simulated(cg, order, back, spec, memory == "shared")
+        if (pool.total_bytes if memory == "shared" else result.peak_bytes) > budget_bytes:
+            raise InfeasibleAllocation(f"the plan read back from its swaps needs more than "
+                                       f"the budget of {budget_bytes} bytes")
     return Plan(schedule=names, swaps=swaps,
                 budget_bytes=int(budget_bytes), allocation=pool, resident_parameters=resident,
                 planner=f"bytes.{memory}", prediction=Prediction(
