@@ -140,29 +140,34 @@ def _one_class(problem, budget_bytes, spec, **_):
         allocation=pool, params_start_on_host=problem.params_start_on_host, compiled=cg))
 
 
+def _planned_and_measured(step, budget_factor: int, planner: str):
+    """``step`` planned by ``planner`` at ``budget_factor`` times its measured peak,
+    with the memory model alone, rewritten and measured with one executor thread
+    (the order the model simulates): (unmodified, prepared, planned, materialized,
+    measured)."""
+    captured = capture.capture(step.concrete_fn)
+    baseline = measure.measure(captured, captured.graph_def, step.batch, inter_op_threads=1)
+    prepared = pipeline.prepare(step.concrete_fn, Options.of(
+        budget_factor * baseline.peak_bytes, inputs=step.batch, profile="trace",
+        parameters="device", verify_rounds=0, workers=1))
+    planned = pipeline.plan(prepared, pipeline.first_attempt(prepared), planner=planner)
+    made = pipeline.materialize(planned)
+    after = measure.measure(prepared.captured, made.rewritten.graph_def, step.batch,
+                            inter_op_threads=1)
+    return baseline, prepared, planned, made, after
+
+
 def test_the_predicted_peak_is_what_tensorflow_holds_not_the_pools_classes(monkeypatch):
     # Issue #44: a plan whose pool puts small buffers in a large size class was
     # predicted at the pool's objects (ResNet-50's fetched kernels in 9 MiB
     # objects: +24%), while TensorFlow's allocator gives each buffer its own bytes.
     monkeypatch.setitem(planners.PLANNERS, "test.one_class", _one_class)
     step = zoo.mlp(batch=16, features=64, hidden=128, layers=2)
-    captured = capture.capture(step.concrete_fn)
-    baseline = measure.measure(captured, captured.graph_def, step.batch, inter_op_threads=1)
-    prepared = pipeline.prepare(step.concrete_fn, Options.of(
-        4 * baseline.peak_bytes, inputs=step.batch, profile="trace", parameters="device",
-        verify_rounds=0, workers=1))
-    planned = pipeline.plan(prepared, pipeline.first_attempt(prepared), planner="test.one_class")
+    baseline, prepared, planned, made, after = _planned_and_measured(step, 4, "test.one_class")
     problem, plan = planned.attempt.step.problem, planned.plan
     assert len(plan.allocation.class_bytes) == 1
     pool_peak = simulate(problem.graph, plan, prepared.spec, keep=problem.keep,
                          compiled=problem.compiled).peak_bytes
-    made = pipeline.materialize(planned)
-    # One executor thread: the order the model simulates.  With two, TensorFlow
-    # may also start the other swap-in early (5,643,324 B measured once in a
-    # fresh-clone run, a second activation more), which this step's model, one
-    # compute stream, does not bound.
-    after = measure.measure(prepared.captured, made.rewritten.graph_def, step.batch,
-                            inter_op_threads=1)
     predicted = plan.prediction.peak_bytes
     print(f"\nunmodified {baseline.peak_bytes} B, rewritten {after.peak_bytes} B, predicted "
           f"{predicted} B, the pool's objects {pool_peak} B")
@@ -235,13 +240,12 @@ def test_the_predicted_peak_holds_a_swap_in_from_when_its_op_runs(monkeypatch):
     # 512 KiB was missing from the wide layer's backward pass, the step's peak.
     monkeypatch.setitem(planners.PLANNERS, "test.early_swap_in", _early_swap_in)
     step = _wide_middle()
-    captured = capture.capture(step.concrete_fn)
-    baseline = measure.measure(captured, captured.graph_def, step.batch, inter_op_threads=1)
-    prepared = pipeline.prepare(step.concrete_fn, Options.of(
-        2 * baseline.peak_bytes, inputs=step.batch, profile="trace", parameters="device",
-        verify_rounds=0, workers=1))
-    planned = pipeline.plan(prepared, pipeline.first_attempt(prepared),
-                            planner="test.early_swap_in")
+    # One executor thread (_planned_and_measured): with two, TensorFlow may also
+    # start the other swap-in early (5,643,324 B measured once in a fresh-clone
+    # run, a second activation more), which the model, one compute stream, does
+    # not bound.
+    baseline, prepared, planned, made, after = _planned_and_measured(step, 2,
+                                                                     "test.early_swap_in")
     problem, plan = planned.attempt.step.problem, planned.plan
     cg = problem.compiled
     run = simulate(problem.graph, plan, prepared.spec, events=True, keep=problem.keep,
@@ -251,13 +255,6 @@ def test_the_predicted_peak_holds_a_swap_in_from_when_its_op_runs(monkeypatch):
     copy_start = simulator.live_peak_bytes_timed(
         dataclasses.replace(run, held_events=run.allocation_events), cg, plan.schedule)
     early = max(s.bytes for s in plan.swaps)   # both activations: 512 KiB
-    made = pipeline.materialize(planned)
-    # One executor thread: the order the model simulates.  With two, TensorFlow
-    # may also start the other swap-in early (5,643,324 B measured once in a
-    # fresh-clone run, a second activation more), which this step's model, one
-    # compute stream, does not bound.
-    after = measure.measure(prepared.captured, made.rewritten.graph_def, step.batch,
-                            inter_op_threads=1)
     predicted = plan.prediction.peak_bytes
     print(f"\nunmodified {baseline.peak_bytes} B, rewritten {after.peak_bytes} B, predicted "
           f"{predicted} B, counted from the copies' starts {copy_start} B")
