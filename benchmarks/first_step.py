@@ -148,7 +148,7 @@ def child(run: int, fraction: float, search_time: float, foreground: bool,
         usable, _ = tf_lower.planner_budget(budget, fast.lowered, 0.05)
         config = search.SearchConfig(time_budget_s=search_time, seed=0, workers=1)
         fg = planners.run(planners.DEFAULT_PLANNER, fast.problem, usable, fast.spec,
-                          config=config).plan
+                          config=config, allocator="exact").plan
         row.update(first_plan_step_s=fast.plans[0].predicted_step_s,
                    background_plan=searched.id,
                    background_step_s=searched.prediction.step_time_s,

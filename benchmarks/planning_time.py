@@ -54,11 +54,13 @@ def main(argv=None) -> int:
         problem = lowered(name, int(batch), args.spec)
         for planner in args.planners:
             # The genetic planners take the search's settings; the others have none.
-            takes = "config" in inspect.signature(planners.get(planner)).parameters
+            takes = inspect.signature(planners.get(planner)).parameters
+            options = {"config": config} if "config" in takes else {}
+            if "allocator" in takes:   # optimize's where TensorFlow's allocator serves
+                options["allocator"] = "exact"
             started, cpu = time.perf_counter(), time.process_time()
             try:
-                result = planners.run(planner, problem, budget, spec,
-                                      **({"config": config} if takes else {}))
+                result = planners.run(planner, problem, budget, spec, **options)
             except (planners.Infeasible, planners.UnsupportedProblem) as err:
                 print(f"{row:20s} {planner:12s} does not fit: {err}")
                 continue

@@ -80,10 +80,11 @@ def compare(problem, model: str, batch: int, budget_bytes: int, spec, *,
     """Every planner in ``policies`` (names of :data:`tfswap.core.planners.PLANNERS`) on
     ``problem`` under ``budget_bytes`` (see module doc).
 
-    ``memory``: how the baselines' fit is judged (:mod:`tfswap.core.baselines`);
-    the genetic search's plans always fit their size-class pool in the budget:
-    "swapadvisor" with the paper's disjoint pool, "tfswap" with a shared one
-    (:mod:`tfswap.core.layout`).
+    ``memory``: how the baselines' fit is judged (:mod:`tfswap.core.baselines`),
+    and tfswap's default planner's (``allocator`` "exact" for "live", else
+    "pool": :func:`tfswap.core.planners.default`); the genetic search's plans
+    always fit their size-class pool in the budget: "swapadvisor" with the
+    paper's disjoint pool, "tfswap" with a shared one (:mod:`tfswap.core.layout`).
     """
     spec = device_spec(spec) if isinstance(spec, str) else spec
     # The ops back to back: the bound is the same wherever parameters start the step
@@ -96,6 +97,10 @@ def compare(problem, model: str, batch: int, budget_bytes: int, spec, *,
     for name in policies:
         t0 = time.monotonic()
         options = {"config": config} if name in SEARCHES else {"memory": memory}
+        if name == TFSWAP:
+            # Judged as the baselines are: by live bytes, what TensorFlow's
+            # allocator holds (optimize's default on a GPU), or by the pool.
+            options["allocator"] = "exact" if memory == "live" else "pool"
         try:
             res = planners.run(name, problem, budget_bytes, spec, **options)
         except (Infeasible, planners.UnsupportedProblem) as err:

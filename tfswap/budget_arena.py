@@ -44,6 +44,14 @@ def serves_pool(prepared) -> bool:
         allocator.installed_gpu_arena(prepared.device) is not None
 
 
+def allocator_of(prepared) -> str:
+    """What a plan of the step must fit within its budget
+    (:data:`tfswap.core.best_of.ALLOCATORS`): "pool" where the plan's pool serves
+    the step (:func:`serves_pool`), else "exact" (TensorFlow's allocator gives
+    each buffer its own bytes: what the step holds at once)."""
+    return "pool" if serves_pool(prepared) else "exact"
+
+
 def arena_scope(planned):
     """On a GPU that allocates from a budget arena: the plan's pool registered with
     it, and what makes it serve each call; else None."""
@@ -66,4 +74,4 @@ def arena_of(made):
     return allocator.installed_gpu_arena(made.planned.prepared.device)
 
 
-__all__ = ["arena_allocation", "arena_of", "arena_scope", "serves_pool"]
+__all__ = ["allocator_of", "arena_allocation", "arena_of", "arena_scope", "serves_pool"]

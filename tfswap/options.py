@@ -69,10 +69,12 @@ class Options:
     of the genetic search, the byte-cap planner, TensorFlow's order and
     recomputation alone (:func:`tfswap.core.planners.default`); another name
     (e.g. "tfswap.ga", the search alone) runs that planner only, for
-    ablations.  Pool objects never in use together share memory; where the
-    peak is verified, a plan that measures over the budget is planned again
-    with a disjoint pool (each object its own memory), whose rounding leaves
-    room for what the model misses.
+    ablations.  Where TensorFlow's allocator serves the step (no budget
+    arena installed) a plan fits when the bytes it holds at once do; where
+    tfswap's pool serves it, when its pool does (objects never in use together
+    share memory; a plan that measures over the budget is planned again with a
+    disjoint pool, each object its own memory, whose rounding leaves room for
+    what the model misses).
     ``verify_rounds``: where the device's peak can be measured (the emulated
     device: 3 runs in each of 2 sessions; a GPU: its allocator's peak over 3
     runs of the rewritten step), the rewritten step is measured and, if it

@@ -513,9 +513,10 @@ def after_infeasible(prepared: Prepared, attempt: Attempt, err: Infeasible) -> A
 
 
 def refine(verified: Verified) -> Attempt:
-    """The next attempt after a measured peak over the budget: first the disjoint
-    pool (remedy "disjoint pool"), then less room by the excess ("less room"), at
-    most ``verify_rounds`` times; then BudgetError."""
+    """The next attempt after a measured peak over the budget: where the plan's
+    pool serves the step, first the disjoint pool (remedy "disjoint pool"); then
+    less room by the excess ("less room"), at most ``verify_rounds`` times; then
+    BudgetError."""
     planned = verified.materialized.planned
     prepared, attempt = planned.prepared, planned.attempt
     budget, measured = prepared.budget_bytes, verified.measured_peak_bytes
@@ -526,9 +527,11 @@ def refine(verified: Verified) -> Attempt:
     # Out of memory under the budget: the device has less free memory than the budget.
     excess = max(measured - budget, 0)
     replans = attempt.replans + 1
-    if attempt.pool_layout == "shared":
+    if attempt.pool_layout == "shared" and serves_pool(prepared):
         # A shared arena is packed to the planner's budget, so what the model
         # misses shows at once; the disjoint pool's rounding leaves room for it.
+        # Where TensorFlow's allocator serves the step the pool is not what it
+        # holds, and plans are made to the bytes it holds: less room is the remedy.
         note = (f"{what} exceeded the budget by {excess} B with the shared "
                 "pool layout: re-planned with the disjoint one")
         return dataclasses.replace(attempt, pool_layout="disjoint", replans=replans,

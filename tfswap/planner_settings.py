@@ -1,8 +1,8 @@
 """What :func:`tfswap.pipeline.plan` hands a planner for an attempt
 (:func:`planner_settings`): the genetic search's settings (its share of the
 call's deadline or its generations, seed, workers, and ``stop_when``, which
-ends a background search early) and the pool layout, each to the planners
-whose signature takes it.
+ends a background search early), the pool layout and the allocator that will
+serve the step, each to the planners whose signature takes it.
 
 Example::
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import time
 
+from tfswap.budget_arena import allocator_of
 from tfswap.core import planners
 from tfswap.core.search_config import SearchConfig
 
@@ -21,13 +22,18 @@ from tfswap.core.search_config import SearchConfig
 def planner_settings(name: str, prepared, attempt, share: float = 1.0) -> dict:
     """The keyword arguments planner ``name`` takes of ``attempt`` (``prepared``,
     ``attempt``: :mod:`tfswap.pipeline`'s values): the genetic search's settings
-    (``config``, :func:`search_config`) and the pool layout (``layout``)."""
+    (``config``, :func:`search_config`), the pool layout (``layout``) and what
+    serves the step's memory (``allocator``)."""
     takes = inspect.signature(planners.get(name)).parameters
     options = {}
     if "config" in takes:
         options["config"] = search_config(prepared, attempt, share)
     if "layout" in takes:
         options["layout"] = attempt.pool_layout
+    if "allocator" in takes:
+        # What must fit: the plan's pool where a budget arena serves the step,
+        # else the bytes TensorFlow's allocator holds (each buffer its own).
+        options["allocator"] = allocator_of(prepared)
     return options
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfswap.budget_arena import allocator_of
 from tfswap.core import carry, graph_match, simulator
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.plan import Plan
@@ -169,7 +170,7 @@ def carried_plan(prepared, first, replica: Replica, attempt) -> tuple[Plan | Non
         graph_match.match(source.problem.graph, target.problem.graph)
     where = prepared.device
     args = (first.found, source.problem, target.problem, m, attempt.planner_budget,
-            prepared.spec)
+            prepared.spec, allocator_of(prepared))
     why = ""
     try:
         try:

@@ -29,13 +29,19 @@ from tfswap.core.devices import DeviceSpec
 from tfswap.core.infeasible import Infeasible, UnsupportedProblem
 from tfswap.core.plan import Plan
 from tfswap.core.problem import Problem
-from tfswap.core.simulator import PlanError
+from tfswap.core.simulator import PlanError, held_peak_bytes
 
 # The byte-cap planner's prefetch rule, tried each way: as early as memory
 # allows (None), and no earlier than 4 copy times before the reader, which
 # leaves the early bytes to the buffers it makes again instead (BERT-base b64 on
 # the simulated V100: 0.816 of ideal against 0.793 after the recomputation pass).
 BYTE_LOOKAHEADS = (None, 4.0)
+# What serves the step's memory, and so what of a plan must fit its budget:
+# "pool", tfswap's pool allocator (a budget arena on a GPU): the plan's pool,
+# laid out; "exact", an allocator that gives each buffer its own bytes
+# (TensorFlow's, wherever no budget arena is installed): the bytes the step
+# holds at once.
+ALLOCATORS = ("pool", "exact")
 
 R = TypeVar("R")
 
@@ -121,17 +127,21 @@ def _why_not(err: Exception | None) -> str:
 
 def byte_planned(problem: Problem, budget_bytes: int, spec: DeviceSpec,
                  schedules: Sequence[Sequence[str] | None],
-                 polish: Callable[[Plan], Plan] = lambda plan: plan) -> Plan:
+                 polish: Callable[[Plan], Plan] = lambda plan: plan,
+                 allocator: str = "pool") -> Plan:
     """The fastest plan of :mod:`tfswap.core.byte_planner` on ``schedules`` (each
-    way of :data:`BYTE_LOOKAHEADS`, each variant ``polish``-ed) whose shared
-    arena fits.  Raises :class:`Infeasible` when none fits and
-    :class:`UnsupportedProblem` when parameters start the step in host memory
-    (that planner keeps every parameter on the device).
+    way of :data:`BYTE_LOOKAHEADS`, each variant ``polish``-ed) that fits:
+    ``allocator`` "pool", its shared arena; "exact", the bytes it holds at once
+    (:func:`tfswap.core.simulator.held_peak_bytes`).  Raises :class:`Infeasible`
+    when none fits and :class:`UnsupportedProblem` when parameters start the
+    step in host memory (that planner keeps every parameter on the device).
 
     The class planner evicts within a size class; with a shared arena what must
     fit is bytes, and on steps several times the device (Inception-V3 at batch
     512 on a 16 GiB V100) evicting across classes moves far less.
     """
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator must be one of {ALLOCATORS}, got {allocator!r}")
     cg = problem.compiled
     if problem.host_parameters:
         raise UnsupportedProblem("the byte-cap planner keeps every parameter on the device, "
@@ -148,7 +158,8 @@ def byte_planned(problem: Problem, budget_bytes: int, spec: DeviceSpec,
                 # only: with the later one it never was the fastest on the Fig. 6
                 # rows (V100 and H100 bf16, 2026-11-27).
                 found = byte_planner.variants(problem.graph, budget_bytes, spec,
-                                              schedule=schedule, compiled=cg, memory="shared",
+                                              schedule=schedule, compiled=cg,
+                                              memory="shared" if allocator == "pool" else "live",
                                               lookahead=lookahead,
                                               recomputable=problem.recomputable,
                                               swaps_alone=lookahead is None)
@@ -168,12 +179,15 @@ def byte_planned(problem: Problem, budget_bytes: int, spec: DeviceSpec,
                                   "planner bug: please report it with the graph",
                                   RuntimeWarning, stacklevel=2)
                     continue
+                if allocator == "exact" and held_peak_bytes(
+                        problem.graph, got, spec, keep=problem.keep, compiled=cg) > budget_bytes:
+                    continue   # a swap-in held from its op, before its copy, passed the budget
                 if best is None or got.prediction.step_time_s < best.prediction.step_time_s:
                     best = got
     if best is None:
-        raise Infeasible(f"the byte-cap planner found no plan whose shared arena fits "
-                         f"{budget_bytes} bytes")
+        raise Infeasible(f"the byte-cap planner found no plan that fits {budget_bytes} bytes "
+                         f"({'its shared arena' if allocator == 'pool' else 'held at once'})")
     return best
 
 
-__all__ = ["BYTE_LOOKAHEADS", "Candidate", "Contest", "byte_planned"]
+__all__ = ["ALLOCATORS", "BYTE_LOOKAHEADS", "Candidate", "Contest", "byte_planned"]

@@ -937,22 +937,23 @@ def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memor
             got = simulated[prog] = _simulated(cg, order, prog, spec, memory == "shared")
         return (prog,) + got
 
+    # What must fit the budget: the plan's shared arena, or its simulated live
+    # bytes (the scan plans by positions, the simulation runs in time: swap-ins
+    # in flight and a chain's temporaries can pass the cap between positions).
+    def need(got) -> int:
+        return got[2].total_bytes if memory == "shared" else got[1].peak_bytes
+
     best = attempt(room)
-    if memory == "live" and best[1].peak_bytes > budget_bytes:
-        # The scan plans by positions; the simulation runs in time.  Say so rather
-        # than return a plan that does not fit.
-        raise InfeasibleAllocation(f"the plan's simulated live bytes ({best[1].peak_bytes}) "
-                                   f"exceed the budget of {budget_bytes}")
-    if memory == "shared" and best[2].total_bytes > budget_bytes:
-        # The arena's overhead over the cap changes little from one cap to the
-        # next, so the cap that overhead leaves within the budget is tried first
-        # (twice at most, each guess from the last arena): the bisection then
-        # starts from a bracket a few percent of ``room`` wide and reaches the
-        # precision of ``rounds`` halvings of all of it in fewer scans.  Of the
-        # caps whose arena fits, the fastest plan is kept, not the largest cap's:
-        # a lower cap can drop what the larger one moved (the Transformer at 60%
-        # on a 50 MB/s link: 1.22x of ideal against 3.18x).
-        arena, guesses = best[2].total_bytes, GUESSES
+    if need(best) > budget_bytes:
+        # The overhead over the cap changes little from one cap to the next, so
+        # the cap that overhead leaves within the budget is tried first (twice
+        # at most, each guess from the last one): the bisection then starts from
+        # a bracket a few percent of ``room`` wide and reaches the precision of
+        # ``rounds`` halvings of all of it in fewer scans.  Of the caps that
+        # fit, the fastest plan is kept, not the largest cap's: a lower cap can
+        # drop what the larger one moved (the Transformer at 60% on a 50 MB/s
+        # link: 1.22x of ideal against 3.18x).
+        arena, guesses = need(best), GUESSES
         lo, hi, best = 0, room, None
         precision = max(room >> rounds, 1)
         for _ in range(rounds + GUESSES):
@@ -968,7 +969,7 @@ def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memor
             except InfeasibleAllocation:
                 lo, guesses = cap, 0
                 continue
-            arena = got[2].total_bytes
+            arena = need(got)
             if arena <= budget_bytes:
                 lo, guesses = cap, 0
                 if best is None or got[1].step_time_s < best[1].step_time_s:
@@ -976,8 +977,8 @@ def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memor
             else:
                 hi = cap
         if best is None:
-            raise InfeasibleAllocation(f"no cap gives a shared arena within the budget of "
-                                       f"{budget_bytes} bytes; raise the budget")
+            raise InfeasibleAllocation(f"no cap gives a plan ({memory} memory) within the "
+                                       f"budget of {budget_bytes} bytes; raise the budget")
     prog, result, pool = best
     swaps, resident = to_plan_swaps(cg, prog)
     names = _memo(cg, "names", _order_key(order),

@@ -72,11 +72,12 @@ class Carried:
 
 
 def carry(plan: Plan, source: Problem, target: Problem, m: Match, budget_bytes: int,
-          spec: DeviceSpec) -> Carried:
+          spec: DeviceSpec, allocator: str = "pool") -> Carried:
     """``plan`` (a planner's plan of ``source``) for ``target``, across ``m``
     (``graph_match.match(source.graph, target.graph)``), simulated on ``target``
-    with ``spec`` and fitting ``budget_bytes`` (the planner's budget there).
-    Raises :class:`NotCarried`."""
+    with ``spec`` and fitting ``budget_bytes`` (the planner's budget there) as
+    ``allocator`` says (:data:`tfswap.core.best_of.ALLOCATORS`: its pool, or
+    the bytes it holds at once).  Raises :class:`NotCarried`."""
     if m.coverage < graph_match.MIN_COVERAGE:
         raise NotCarried(f"the steps differ beyond a match: {m.describe()}")
     mapped, dropped = graph_match.map_plan(plan, source.graph, target.graph, m)
@@ -104,8 +105,13 @@ def carry(plan: Plan, source: Problem, target: Problem, m: Match, budget_bytes: 
             raise NotCarried("it does not run on this step") from None
         mapped, result = _laid_out(target, mapped, spec)
         laid_out = True
-    need = mapped.allocation.total_bytes if mapped.allocation is not None else result.peak_bytes
-    need = max(need, result.peak_bytes)
+    if allocator == "exact":
+        need = simulator.held_peak_bytes(target.graph, mapped, spec, keep=target.keep,
+                                         compiled=target.compiled)
+    else:
+        need = mapped.allocation.total_bytes if mapped.allocation is not None else \
+            result.peak_bytes
+        need = max(need, result.peak_bytes)
     if need > budget_bytes:
         raise NotCarried(f"it needs {need} B here, more than the planner's budget of "
                          f"{budget_bytes} B")
@@ -118,12 +124,12 @@ def carry(plan: Plan, source: Problem, target: Problem, m: Match, budget_bytes: 
 
 
 def carry_schedule(plan: Plan, source: Problem, target: Problem, m: Match, budget_bytes: int,
-                   spec: DeviceSpec) -> Carried:
+                   spec: DeviceSpec, allocator: str = "pool") -> Carried:
     """Where ``plan`` itself does not carry (:func:`carry`): its schedule carried
     (mapped as :func:`carry` maps it) and its swaps and recomputations planned
     again for that schedule on ``target``, by the byte-cap planner and the
-    recomputation pass (:func:`tfswap.core.best_of.byte_planned`, a shared
-    arena, as the default planner plans a schedule the search found): the
+    recomputation pass (:func:`tfswap.core.best_of.byte_planned`, fitting as
+    ``allocator`` says, as the default planner plans a schedule the search found): the
     search serves ``target`` still, and what runs again is a fraction of it.
     Raises :class:`NotCarried` where no plan of that schedule fits."""
     if m.coverage < graph_match.MIN_COVERAGE:
@@ -132,7 +138,8 @@ def carry_schedule(plan: Plan, source: Problem, target: Problem, m: Match, budge
     try:
         found = best_of.byte_planned(
             target, budget_bytes, spec, [schedule],
-            polish=lambda p: with_recomputes(target, p, spec, budget_bytes))
+            polish=lambda p: with_recomputes(target, p, spec, budget_bytes),
+            allocator=allocator)
     except (Infeasible, UnsupportedProblem, simulator.PlanError) as err:
         raise NotCarried(f"no plan of its schedule fits here ({err})") from None
     return Carried(dataclasses.replace(found, planner=search_config.BYTES_PLANNER_NAME), m,

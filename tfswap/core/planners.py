@@ -45,6 +45,7 @@ from tfswap.core.recompute import with_recomputes
 DEFAULT_PLANNER = "tfswap"
 RECOMPUTE_PLANNER = "tfswap.recompute"
 LAYOUTS = search.POOL_LAYOUTS
+ALLOCATORS = best_of.ALLOCATORS
 
 
 @dataclass(frozen=True)
@@ -119,26 +120,30 @@ def _host_parameters_unsupported(problem: Problem, name: str) -> None:
 @register(DEFAULT_PLANNER)
 def default(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
             config: search.SearchConfig = search.SearchConfig(),
-            layout: str = "shared") -> PlanResult:
+            layout: str = "shared", allocator: str = "pool") -> PlanResult:
     """The plan users get: the fastest, as simulated, of every planner tfswap has.
 
     In turn (a :class:`tfswap.core.best_of.Contest`):
 
     * the genetic search (``config``, its pool laid out ``layout``: "shared"
       or "disjoint", :data:`LAYOUTS`), its plan given the recomputation pass;
-    * with the shared layout, the byte-cap planner on TF's order and on the
-      search's best schedule, each variant given the pass
-      (:func:`tfswap.core.best_of.byte_planned`; its arena is a shared one);
+    * with the shared layout, the byte-cap planner on TF's order, on the
+      graph's topological order and on the search's best schedule, each
+      variant given the pass
+      (:func:`tfswap.core.best_of.byte_planned`): where ``allocator`` is
+      "pool" (tfswap's pool allocator serves the step) its shared arena
+      fits; where it is "exact" (each buffer gets its own bytes, as from
+      TensorFlow's allocator) the bytes it holds at once fit, which leaves
+      it the arena's overhead (15-30% of the live bytes on the zoo's steps)
+      to hold more;
     * the swap planner on TF's order with one size class per size
       (``tfswap.order``);
     * recomputation alone (``tfswap.recompute``), where the problem names
       ops that may run again.
 
     The search's first generation holds TF's order with the default pool,
-    which is ``tfswap.order``'s plan, and every other planner plans TF's
-    order or the search's own best, so the search starts from what the
-    others start from; the contest then makes "never slower than any of
-    them" exact.  Each planner's outcome is in ``candidates``.  Raises
+    which is ``tfswap.order``'s plan; the contest makes "never slower than
+    any of them" exact.  Each planner's outcome is in ``candidates``.  Raises
     :class:`Infeasible` when none plans.
 
     Example::
@@ -148,15 +153,23 @@ def default(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator must be one of {ALLOCATORS}, got {allocator!r}")
     contest = best_of.Contest()
     searched = contest.enter(search.PLANNER_NAME, lambda: genetic(
         problem, budget_bytes, spec, config=dataclasses.replace(config, pool_layout=layout)))
     if layout == "shared":
-        schedules = [problem.schedule] + ([searched.plan.schedule] if searched else [])
+        # The graph's own topological order beside TF's executed one: TF's
+        # executor runs ready ops in an order of its own, which on the zoo's
+        # steps left the byte-cap planner far less to work with (on a 50 MB/s
+        # link: the CNN at 60% 5.69x of ideal against 1.06x, the Transformer
+        # 5.35x against 1.24x, BERT-style at 40% 14.9x against 6.1x).
+        schedules = [problem.schedule, None] + ([searched.plan.schedule] if searched else [])
         contest.enter(search.BYTES_PLANNER_NAME, lambda: PlanResult(dataclasses.replace(
             best_of.byte_planned(problem, budget_bytes, spec, schedules,
                                  polish=lambda plan: with_recomputes(problem, plan, spec,
-                                                                     budget_bytes)),
+                                                                     budget_bytes),
+                                 allocator=allocator),
             planner=search.BYTES_PLANNER_NAME)))
     contest.enter("tfswap.order", lambda: order(problem, budget_bytes, spec))
     if problem.recomputable:
@@ -260,6 +273,6 @@ for _name, _policy in baselines.BASELINES.items():
 
 BASELINE_NAMES = tuple(baselines.BASELINES)
 
-__all__ = ["BASELINE_NAMES", "DEFAULT_PLANNER", "Infeasible", "LAYOUTS", "PLANNERS",
+__all__ = ["ALLOCATORS", "BASELINE_NAMES", "DEFAULT_PLANNER", "Infeasible", "LAYOUTS", "PLANNERS",
            "PlanResult", "Planner", "RECOMPUTE_PLANNER", "UnsupportedProblem", "default",
            "fit_to_budget", "get", "register", "run"]
