@@ -86,11 +86,11 @@ def test_gpu_link_writes_each_direction_and_size(tmp_path):
     assert got == {(d, m, n) for d in ("d2h", "h2d", "duplex") for m in ("chained", "pipelined")
                    for n in (1 << 20, 4 << 20)}
     # Each figure is a difference of two chains' times, which load on the shared
-    # cores can move either way; the rate's lower bound is tested on a chain
-    # (tests/tf/test_gpu_paths.py).
+    # cores can move either way (below zero: no line fits, and the script says so);
+    # the rate's lower bound is tested on a chain (tests/tf/test_gpu_paths.py).
     assert all(math.isfinite(float(r["per_copy_s"])) for r in rows)
-    assert all(f"{d} {m}: latency" in printed for d in ("d2h", "h2d")
-               for m in ("chained", "pipelined"))
+    assert all(f"{d} {m}: latency" in printed or f"{d} {m}: no line fitted" in printed
+               for d in ("d2h", "h2d") for m in ("chained", "pipelined"))
 
 
 def test_gpu_validate_moves_parameters_that_do_not_fit_and_compares_with_a_twin(tmp_path):

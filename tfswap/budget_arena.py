@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+
 from tfswap.core import layout
 from tfswap.core.plan import Allocation
 from tfswap.core.program import from_plan
@@ -32,7 +34,12 @@ def arena_allocation(planned) -> Allocation:
     result = simulate(problem.graph, plan, planned.prepared.spec, events=True,
                       keep=problem.keep, compiled=cg)
     resident = [cg.buf_names[b] for b in prog.resident if cg.buf_persistent[b]]
-    return layout.without_resident(result, plan.allocation, resident)
+    bound = layout.without_resident(result, plan.allocation, resident)
+    # The small device variables the small pool counts all step (pinned,
+    # persistent: tfswap.tf.lower.pin_parameters) are the user's too.
+    small_variables = int(cg.small_bytes[cg.small_persistent.astype(bool)].sum())
+    return dataclasses.replace(bound, small_pool_bytes=max(
+        0, bound.small_pool_bytes - small_variables))
 
 
 def serves_pool(prepared) -> bool:

@@ -430,9 +430,42 @@ def _held(found: Plan, prepared: Prepared, attempt: Attempt) -> Plan:
         return found
     problem = attempt.step.problem
     held = simulator.held_peak_bytes(problem.graph, found, prepared.spec, keep=problem.keep,
-                                     compiled=problem.compiled)
+                                     compiled=problem.compiled,
+                                     unheld=fed_arguments(prepared, problem.graph),
+                                     forwards=forwarding_inputs(problem.graph))
     return dataclasses.replace(found, prediction=dataclasses.replace(found.prediction,
                                                                      peak_bytes=held))
+
+
+def forwarding_inputs(graph) -> dict:
+    """Op name -> the inputs whose buffer its kernel may write its first output
+    into (``ir.FORWARDING_OPS``, an input of the output's shape and dtype):
+    TensorFlow does when the op holds the buffer's only reference, which a
+    swap-in's copy read for the last time is (``simulator.held_peak_bytes``)."""
+    forwards = {}
+    for op in graph.ops:
+        if op.type not in ir.FORWARDING_OPS or not op.outputs:
+            continue
+        out = graph.tensor(op.outputs[0])
+        if out.alias_of:
+            continue
+        ins = tuple(t for t in dict.fromkeys(op.inputs)
+                    if graph.tensor(t).shape == out.shape and graph.tensor(t).dtype == out.dtype)
+        if ins:
+            forwards[op.name] = ins
+    return forwards
+
+
+def fed_arguments(prepared: Prepared, graph) -> tuple[str, ...]:
+    """The step's arguments that the device reads where the caller put them,
+    without allocating them: on the emulated device a fed tensor (or the
+    caller's eager tensor) is host memory the device shares, so neither the
+    step stats nor the device's allocator ever hold it (a swap-in of one they
+    do).  On a GPU an argument is copied there (or was): counted."""
+    if prepared.peak_method != measure.STEP_STATS:
+        return ()
+    names = {t.name for t in graph.tensors}
+    return tuple(f for f in prepared.captured.feeds if f in names)
 
 
 # ---------------------------------------------------------------- materialize

@@ -421,3 +421,51 @@ def test_a_fetched_parameter_is_held_from_its_read_not_before():
     held = next(e for e in r.held_events if e.tensor == "w2:0")
     assert (pool.time_s, held.time_s) == (0.0, 2.0)
     assert held.object_index == pool.object_index
+
+
+def test_a_swap_ins_copy_read_last_by_a_forwarding_op_becomes_its_output():
+    """Issue #44: an elementwise kernel writes its output into an input's buffer
+    when it holds the only reference, which a swap-in's copy read for the last
+    time is: d (``forwards``: it may write into a:0) allocates nothing, and a's
+    copy lives on as d's output."""
+    g = chain()
+    swap = Swap("a:0", out_after="b", in_after="b", consumers=("d",), bytes=MB)
+    plan = Plan(schedule=("a", "b", "c", "d"), swaps=(swap,), allocation=Allocation((MB,), (3,)))
+    plain = simulate(g, plan, LINK, events=True)
+    fwd = simulate(g, plan, LINK, events=True, forwards={"d": ("a:0",)})
+    assert plain.allocation_events == fwd.allocation_events   # the pool is the plan's
+    assert any(e.tensor == "d:0" and e.is_alloc for e in plain.held_events)
+    assert not any(e.tensor == "d:0" and e.is_alloc for e in fwd.held_events)
+    # The copy's release at d's end is d's output's: a's only release is its
+    # first buffer's (its swap-out done, 3 s).
+    assert [e.time_s for e in fwd.held_events if e.tensor == "a:0" and not e.is_alloc] == [3.0]
+
+    def held_at(result, t):
+        return sum(e.nbytes if e.is_alloc else -e.nbytes
+                   for e in result.held_events if e.time_s <= t)
+    assert held_at(plain, 6.0) == 3 * MB   # while d runs: c, a's copy, d
+    assert held_at(fwd, 6.0) == 2 * MB     # d writes into a's copy
+    assert held_at(fwd, 7.0) == held_at(plain, 7.0) == 0
+    # Not where the copy is read again later (c reads b's buffer, not a's): b's
+    # output is no swap-in's copy, so b still allocates.
+    other = simulate(g, plan, LINK, events=True, forwards={"b": ("a:0",)})
+    assert other.held_events == plain.held_events
+
+
+def test_held_peak_leaves_out_what_the_device_never_allocates_but_counts_its_swap_in():
+    """Issue #44: on the emulated device the step's arguments are the caller's
+    host memory: ``unheld`` leaves out x's own buffer, held by the model from
+    its Placeholder to its last reader, but not its copy brought back."""
+    from tfswap.core.simulator import held_peak_bytes
+
+    ops = [Op("x", "Placeholder"), Op("b", "X", ("x:0",), time_s=1.0),
+           Op("c", "X", ("b:0",), time_s=4.0), Op("d", "X", ("c:0", "x:0"), time_s=1.0)]
+    g = DataflowGraph.build(ops, [Tensor("x:0", 2 * MB, kind="input"), Tensor("b:0", MB),
+                                  Tensor("c:0", MB), Tensor("d:0", MB)])
+    plan = Plan(schedule=("x", "b", "c", "d"), allocation=Allocation((MB, 2 * MB), (3, 1)))
+    assert held_peak_bytes(g, plan, LINK) == 2 * MB + 2 * MB    # x, b, c during c
+    assert held_peak_bytes(g, plan, LINK, unheld=("x:0",)) == 2 * MB   # c and d
+    swap = Swap("x:0", out_after="b", in_after="c", consumers=("d",), bytes=2 * MB)
+    swapped = dataclasses.replace(plan, swaps=(swap,))
+    # Its copy back is the device's: x's 2 MB with c and d.
+    assert held_peak_bytes(g, swapped, LINK, unheld=("x:0",)) == 4 * MB

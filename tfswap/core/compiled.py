@@ -64,6 +64,8 @@ class CompiledGraph:
     # place, or a sibling output of a multi-output op the chain runs): a fresh
     # copy "<name>:again" of the same size, which no op of the step uses; -1: none.
     buf_fresh: np.ndarray = None
+    # int32 [S]: each small-pool buffer's root tensor (an index into graph.tensors).
+    small_root: np.ndarray = None
 
     def __getstate__(self) -> dict:
         # Caches kept beside the fields (the native planner's arguments) hold
@@ -77,6 +79,7 @@ class CompiledGraph:
         self.__dict__.update({k: v for k, v in state.items() if not k.startswith("_")})
         if self.__dict__.get("buf_fresh") is None:   # saved before fresh copies existed
             self.__dict__["buf_fresh"] = np.full(len(self.buf_bytes), -1, dtype=np.int32)
+        self.__dict__.setdefault("small_root", None)   # saved before small roots were kept
 
     @property
     def n_ops(self) -> int:
@@ -120,7 +123,7 @@ class CompiledGraph:
         buf_of_root: dict[int, int] = {}
         names, nbytes, persistent, pinned, modified, kept = [], [], [], [], [], []
         small_of_root: dict[int, int] = {}
-        s_bytes, s_pers, s_first = [], [], []
+        s_bytes, s_pers, s_first, s_root = [], [], [], []
         for r in sorted(members):
             group = members[r]
             t = tensors[r]
@@ -131,6 +134,7 @@ class CompiledGraph:
                 s_bytes.append(size)
                 s_pers.append(is_pers)
                 s_first.append(-1 if is_pers else t.producer)
+                s_root.append(r)
                 continue
             buf_of_root[r] = len(names)
             names.append(t.name)
@@ -224,7 +228,8 @@ class CompiledGraph:
             op_in_write=i8(op_in_write), op_out_ptr=i32(op_out_ptr), op_out=i32(op_out),
             tensor_buffer=tensor_buffer, small_bytes=np.asarray(s_bytes, dtype=np.int64),
             small_persistent=i8(s_pers), small_first_op=i32(s_first), small_use_ptr=use_ptr,
-            small_use=i32([k for u in small_uses for k in u]), buf_fresh=i32(fresh))
+            small_use=i32([k for u in small_uses for k in u]), buf_fresh=i32(fresh),
+            small_root=i32(s_root))
 
     def order_of(self, schedule: Sequence[str] | None) -> np.ndarray:
         """Op ids in schedule order; None means the graph's topological order.
@@ -356,13 +361,24 @@ class CompiledGraph:
             np.add.at(out, ops, nbytes)
         return out
 
-    def small_live_bytes(self, order: np.ndarray) -> np.ndarray:
+    def small_live_bytes(self, order: np.ndarray, unheld=frozenset()) -> np.ndarray:
         """Small-pool bytes live at each position of ``order`` (persistent: always;
-        others from their allocating op to their last use)."""
+        others from their allocating op to their last use).  ``unheld``: root
+        tensor names of small buffers not counted (memory the device's allocator
+        never gives them: :func:`tfswap.core.simulator.held_peak_bytes`)."""
         n = len(order)
         pos = self.positions(order)
         delta = np.zeros(n + 1, dtype=np.int64)
+        skip = set()
+        if unheld:
+            if self.small_root is None:
+                raise ValueError("this CompiledGraph was saved before small buffers kept their "
+                                 "root tensors: build it again to leave buffers out")
+            names = [t.name for t in self.graph.tensors]
+            skip = {s for s, r in enumerate(self.small_root.tolist()) if names[r] in unheld}
         for s in range(len(self.small_bytes)):
+            if s in skip:
+                continue
             uses = self.small_use[self.small_use_ptr[s]:self.small_use_ptr[s + 1]]
             if self.small_persistent[s]:
                 a, b = 0, n - 1

@@ -69,7 +69,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from tfswap.core import native
+from tfswap.core import liveness, native
 from tfswap.core.allocation import default_allocation
 from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec
@@ -143,12 +143,15 @@ COPY_ORDERS = ("plan", "ready")
 
 def run_program(cg: CompiledGraph, prog: Program, allocation: Allocation, spec: DeviceSpec,
                 events: bool = False, moved: tuple | None = None,
-                copy_order: str = "plan", issue_cost_s: float = 0.0) -> SimResult:
+                copy_order: str = "plan", issue_cost_s: float = 0.0,
+                forwards: dict | None = None) -> SimResult:
     """Simulate ``prog`` (the reference simulator; the native one follows it).
     ``moved``: (bytes of each ``prog.outs`` record, of each ``prog.ins`` record)
     that the copies move, where they differ from their buffers' (see
     :func:`simulate`'s ``copy_bytes``); None: the buffers' bytes.
-    ``copy_order``, ``issue_cost_s``: see :func:`simulate`."""
+    ``copy_order``, ``issue_cost_s``: see :func:`simulate`.  ``forwards``: op id ->
+    buffers of its inputs its kernel may write its output into (the held
+    events only, :func:`held_peak_bytes`)."""
     _check_order(copy_order, issue_cost_s, spec)
     if not events and moved is None and copy_order == "plan":
         # The compiled port, which agrees to the bit (tests/core/test_native.py);
@@ -158,7 +161,7 @@ def run_program(cg: CompiledGraph, prog: Program, allocation: Allocation, spec: 
             return fast
     buf_class = buffer_classes(cg, allocation).tolist()
     core = _simulate(cg, prog, buf_class, allocation, spec, events, moved,
-                     copy_order == "ready", float(issue_cost_s))
+                     copy_order == "ready", float(issue_cost_s), forwards=forwards)
     return SimResult(ideal_time_s=ideal_time(cg, prog.order), **core)
 
 
@@ -247,9 +250,9 @@ def ideal_time(cg: CompiledGraph, order: Sequence[int]) -> float:
 
 
 def _simulate(cg, prog, buf_class, allocation, spec, record, moved=None, ready_order=False,
-              issue_cost_s=0.0):
+              issue_cost_s=0.0, forwards=None):
     run = _device_run(cg, prog, buf_class, allocation, spec, record, moved, ready_order,
-                      issue_cost_s, solo=True)
+                      issue_cost_s, solo=True, forwards=forwards)
     try:
         next(run)
     except StopIteration as done:
@@ -292,7 +295,7 @@ def _drive(runs, shared_link_bytes_per_s=None):
 
 def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready_order=False,
                 issue_cost_s=0.0, shared_link_bytes_per_s=None, rendezvous=None, solo=False,
-                fifo=None, me=0):
+                fifo=None, me=0, forwards=None):
     """One device's simulation as a generator :func:`_drive` steps (see there);
     ``solo``: the only device, run to its end by one ``next`` (no messages: the
     planner's loops simulate this way, and each message costs).
@@ -338,6 +341,10 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
     held_rows = []
     held_row_of = {}   # swap-in index -> its row until its copy starts, or its object
 
+    # Buffers whose held copy a swap-in made (``fetched``), and those an op
+    # wrote its output into (``forwarded``: their release is the output's).
+    fetched, forwarded = set(), set()
+
     def take(b, t, held=True):
         nonlocal used_bytes, peak
         arrived[b] = False
@@ -364,7 +371,11 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
         used_bytes -= allocation.class_bytes[c]
         if record:
             alloc_events.append(AllocationEvent(t, False, cg.buf_names[b], int(bb[b]), c, obj[b]))
-            held_rows.append([t, False, b, c, obj[b]])
+            fetched.discard(b)
+            if b in forwarded:   # its bytes live on as the output they became
+                forwarded.discard(b)
+            else:
+                held_rows.append([t, False, b, c, obj[b]])
 
     # What each position waits for, and what is released when it ends.
     need_of = [[] for _ in range(n)]
@@ -435,12 +446,42 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
             if not unmet[i]:
                 issued_now.append(i)
 
+    # A kernel that may write its output into an input's buffer (TF's
+    # forward_input_or_allocate_output: elementwise ops, ``forwards``) does so
+    # when it holds that buffer's only reference.  A variable's value never is
+    # (the variable holds it), nor an activation another op reads later: the
+    # profiled run showed which forwards happened (``alias_of``).  A swap-in's
+    # copy read for the last time is (no SwapOut reads it after: a drop, or
+    # its last reader): TF then allocates no output (ResNet-50 at 60% with
+    # parameters="auto": Adam's Sub and the new value's AddV2 wrote into the
+    # fetched 9 MiB moments, two buffers at the peak the model counted, 7%
+    # over the measured, issue #44).  The pool still gives the output its object.
+    def forwarded_into(k):
+        into = {}
+        outs_now = [b for b in allocs[k] if not pers[b]]
+        for s_ in forwards.get(int(order[k]), ()):
+            if s_ not in fetched or s_ in forwarded or kept[s_]:
+                continue
+            # Its copy's last reader: a fetched parameter dropped or written back
+            # after this op (no SwapOut op reads it: the rewrite frees it after
+            # its last reader), or an activation's copy no SwapOut reads next.
+            leaves = [o for o in outs if o.buf == s_ and o.out_after == k]
+            if (not pers[s_]) if leaves else (pers[s_] or last[s_] != k):
+                continue
+            for b in outs_now:
+                if b not in into and bb[b] == bb[s_]:
+                    into[b] = s_
+                    forwarded.add(s_)
+                    break
+        return into
+
     def held_take(t):
         # The swap-ins whose SwapIn ops run now hold their buffers from now
         # (after the releases of this instant, as TF frees a finished op's
         # inputs before it runs the ops that op made ready).
         for i in issued_now:
             b = ins[i].buf
+            fetched.add(b)
             row = [t, True, b, buf_class[b], -1]
             if i in held_row_of:   # its copy started first: the object it took
                 row[4] = held_row_of.pop(i)
@@ -529,8 +570,9 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
                 raise PlanError(f"op {cg.graph.ops[order[kc]].name!r} reads "
                                 f"{cg.buf_names[b]!r}, which is not on the device "
                                 "(add a swap-in before it)")
+        into = forwarded_into(kc) if issuing and forwards else {}
         for b in allocs[kc]:
-            take(b, t)
+            take(b, t, held=b not in into)
             arrived[b] = True
         owed = max(0.0, debt - (t - debt_t)) if debt else 0.0
         debt = 0.0
@@ -772,7 +814,8 @@ def _held_events(result: SimResult, who: str) -> tuple[AllocationEvent, ...]:
     return result.held_events
 
 
-def live_peak_bytes_timed(result: SimResult, cg: CompiledGraph, schedule: Sequence[str]) -> int:
+def live_peak_bytes_timed(result: SimResult, cg: CompiledGraph, schedule: Sequence[str],
+                          unheld: Sequence[str] = ()) -> int:
     """Like :func:`live_peak_bytes`, with the small-tensor pool's buffers live
     when they are, not at their peak throughout: a small buffer is live from
     the start of the op that makes it to the end of its last reader (position
@@ -783,11 +826,13 @@ def live_peak_bytes_timed(result: SimResult, cg: CompiledGraph, schedule: Sequen
     TF's allocator holds when the two peaks fall at different times (the
     unrolled LSTM, whose 4 KiB states make 40% of its peak, by ~0.5 MB).
     Needs a result simulated with ``events=True`` (a step whose buffers are all
-    small has no allocation events, but its ops' events)."""
-    held = _held_events(result, "live_peak_bytes_timed")
+    small has no allocation events, but its ops' events).  ``unheld``: buffers
+    (root tensor names) whose own allocation is not the device's
+    (:func:`held_peak_bytes`); their swap-ins are."""
+    held = _without_first_holds(_held_events(result, "live_peak_bytes_timed"), unheld)
     order = cg.order_of(schedule)
     n = len(order)
-    small_live = cg.small_live_bytes(order)
+    small_live = cg.small_live_bytes(order, frozenset(unheld))
     # Op k runs from its compute event's start; position at time t: the last
     # op started at or before t.
     name_pos = {cg.graph.ops[int(o)].name: k for k, o in enumerate(order)}
@@ -804,8 +849,30 @@ def live_peak_bytes_timed(result: SimResult, cg: CompiledGraph, schedule: Sequen
     return int(max(peak, small_live.max(initial=0)))
 
 
+def _without_first_holds(events, unheld: Sequence[str]):
+    """``events`` less each ``unheld`` buffer's first take and the release that
+    ends it: the buffer its producer made, not a swap-in's copy (a swap-in
+    takes the buffer again only after its swap-out released it)."""
+    if not unheld:
+        return events
+    pending = set(unheld)   # first take not seen yet
+    holding = set()         # first take seen, its release not yet
+    kept = []
+    for e in events:
+        if e.tensor in pending and e.is_alloc:
+            pending.discard(e.tensor)
+            holding.add(e.tensor)
+            continue
+        if e.tensor in holding and not e.is_alloc:
+            holding.discard(e.tensor)
+            continue
+        kept.append(e)
+    return tuple(kept)
+
+
 def held_peak_bytes(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *,
-                    keep: Sequence[str] = (), compiled: CompiledGraph | None = None) -> int:
+                    keep: Sequence[str] = (), compiled: CompiledGraph | None = None,
+                    unheld: Sequence[str] = (), forwards: dict | None = None) -> int:
     """The most bytes ``plan``'s step holds on the device at once where each
     buffer takes its own bytes: what an allocator that sizes each allocation
     to its tensor holds (TensorFlow's own, on the emulated device and on a GPU
@@ -835,14 +902,29 @@ def held_peak_bytes(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *,
     exceed the pool's (``SimResult.peak_bytes``) where an early swap-in meets
     the peak.  Arguments as :func:`simulate`'s.
 
+    ``unheld``: tensors (buffer roots, pool or small) whose own buffer the
+    device's allocator never gives during the step, though the plan keeps
+    room for it: on the emulated device, the step's arguments, which the
+    caller made before the step and which the device reads where they lie
+    (a feed shares the host's buffer), so its measured peak does not count
+    them (the CNN's 48 KiB batch, read again by the first convolution's
+    filter gradient at the end of the backward pass, made its predictions 6-8%
+    over the measured, issue #44).  A swap-in of one is the device's: counted.
+
+    ``forwards``: op name -> its input tensors whose buffer its kernel writes
+    its output into when it holds the only reference (TensorFlow's
+    elementwise kernels).  A swap-in's copy read for the last time by such an
+    op becomes that op's output: no new buffer (``run_program``).
+
     Example::
 
         held_peak_bytes(graph, plan, spec)   # bytes; the plan's prediction on the emulated device
     """
     cg = compiled or CompiledGraph.build(
         graph, plan.allocation.small_threshold_bytes if plan.allocation else 1 << 20, keep)
-    result = simulate(graph, plan, spec, events=True, keep=keep, compiled=cg)
-    return live_peak_bytes_timed(result, cg, plan.schedule)
+    result = simulate(graph, plan, spec, events=True, keep=keep, compiled=cg, forwards=forwards)
+    roots = tuple(dict.fromkeys(liveness.buffer_root(graph, t) for t in unheld))
+    return live_peak_bytes_timed(result, cg, plan.schedule, roots)
 
 
 def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool = False,
@@ -850,7 +932,8 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
              compiled: CompiledGraph | None = None,
              copy_bytes: dict[str, int] | None = None,
              copy_parts: dict[str, int] | None = None,
-             copy_order: str = "plan", issue_cost_s: float = 0.0) -> SimResult:
+             copy_order: str = "plan", issue_cost_s: float = 0.0,
+             forwards: dict | None = None) -> SimResult:
     """Simulate ``plan`` on ``graph``.
 
     ``copy_bytes``: swap id -> bytes its copies move, where that is not the
@@ -890,7 +973,22 @@ def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool
     cg, prog, allocation, moved = _program(graph, plan, keep, allocation, compiled, copy_bytes,
                                            copy_parts)
     return run_program(cg, prog, allocation, spec, events=events, moved=moved,
-                       copy_order=copy_order, issue_cost_s=issue_cost_s)
+                       copy_order=copy_order, issue_cost_s=issue_cost_s,
+                       forwards=_forward_buffers(graph, cg, forwards))
+
+
+def _forward_buffers(graph: DataflowGraph, cg: CompiledGraph, forwards) -> dict | None:
+    """``forwards`` (op name -> input tensor names its kernel may write its
+    output into) as op id -> pool buffers."""
+    if not forwards:
+        return None
+    by_op = {}
+    for op, inputs in forwards.items():
+        bufs = tuple(int(cg.tensor_buffer[graph.tensor_id(t)]) for t in inputs)
+        bufs = tuple(b for b in bufs if b >= 0)
+        if bufs:
+            by_op[graph.op_id(op)] = bufs
+    return by_op
 
 
 def _program(graph, plan, keep, allocation, compiled, copy_bytes, copy_parts):
