@@ -70,9 +70,10 @@ class Options:
     recomputation alone (:func:`tfswap.core.planners.default`); another name
     (e.g. "tfswap.ga", the search alone) runs that planner only, for
     ablations.  Where TensorFlow's allocator serves the step (no budget
-    arena installed) a plan fits when the bytes it holds at once do; where
-    tfswap's pool serves it, when its pool does (objects never in use together
-    share memory; a plan that measures over the budget is planned again with a
+    arena installed) and the plan is measured (``verify_rounds`` > 0), a
+    plan fits when the bytes it holds at once do; otherwise when its pool
+    does (objects never in use together share memory; where the pool serves
+    the step, a plan that measures over the budget is planned again with a
     disjoint pool, each object its own memory, whose rounding leaves room for
     what the model misses).
     ``verify_rounds``: where the device's peak can be measured (the emulated

@@ -146,7 +146,7 @@ def byte_planned(problem: Problem, budget_bytes: int, spec: DeviceSpec,
     if problem.host_parameters:
         raise UnsupportedProblem("the byte-cap planner keeps every parameter on the device, "
                                  "and this step's parameters start it in host memory")
-    best, seen, polished = None, set(), set()
+    candidates, seen, polished = [], set(), set()
     for schedule in schedules:
         order = cg.order_of(schedule).tobytes()
         if order in seen:    # the search's best schedule can be TF's order itself
@@ -179,15 +179,23 @@ def byte_planned(problem: Problem, budget_bytes: int, spec: DeviceSpec,
                                   "planner bug: please report it with the graph",
                                   RuntimeWarning, stacklevel=2)
                     continue
-                if allocator == "exact" and held_peak_bytes(
-                        problem.graph, got, spec, keep=problem.keep, compiled=cg) > budget_bytes:
-                    continue   # a swap-in held from its op, before its copy, passed the budget
-                if best is None or got.prediction.step_time_s < best.prediction.step_time_s:
-                    best = got
-    if best is None:
-        raise Infeasible(f"the byte-cap planner found no plan that fits {budget_bytes} bytes "
-                         f"({'its shared arena' if allocator == 'pool' else 'held at once'})")
-    return best
+                candidates.append(got)
+    # Fastest first; with the exact allocator, the first whose held peak fits (a
+    # swap-in held from its op, before its copy, can pass the budget).  Each check
+    # is a simulation with events: only as many as it takes.
+    for plan in sorted(candidates, key=lambda p: p.prediction.step_time_s):
+        if allocator == "pool":
+            return plan
+        try:
+            if held_peak_bytes(problem.graph, plan, spec, keep=problem.keep,
+                               compiled=cg) <= budget_bytes:
+                return plan
+        except PlanError as err:
+            warnings.warn(f"byte planner: a plan read back from its swaps was rejected by the "
+                          f"simulator ({err}); kept the others. This is a planner bug: please "
+                          "report it with the graph", RuntimeWarning, stacklevel=2)
+    raise Infeasible(f"the byte-cap planner found no plan that fits {budget_bytes} bytes "
+                     f"({'its shared arena' if allocator == 'pool' else 'held at once'})")
 
 
 __all__ = ["ALLOCATORS", "BYTE_LOOKAHEADS", "Candidate", "Contest", "byte_planned"]

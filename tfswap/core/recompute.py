@@ -50,7 +50,7 @@ from tfswap.core.problem import Problem
 from tfswap.core.program import (OutRec, Program, RecomputeRec, _recompute_order, last_uses,
                                  buffer_classes, canonical,
                                  from_plan, inputs_back, to_plan_swaps)
-from tfswap.core.simulator import run_program, try_program, try_program_rows
+from tfswap.core.simulator import PlanError, run_program, try_program, try_program_rows
 
 # Round trips tried per plan and order: each try is one simulation (Python),
 # and the estimate ranks well enough that later ones rarely pay.
@@ -347,6 +347,20 @@ def with_recomputes(problem: Problem, plan: Plan, spec: DeviceSpec, budget_bytes
     if not chosen or best.step_time_s >= base.step_time_s:
         return plan
     swaps, resident = to_plan_swaps(cg, final)
+    back = from_plan(cg, plan.schedule, swaps, resident)
+    if back != final:
+        # What runs is the swaps read back, which can differ from the program
+        # chosen (a recomputation's inputs brought back another way): it must
+        # run in the pool as well (an LSTM's gates remade through their Split:
+        # read back, the chain remade a MatMul output the step still held).
+        try:
+            best = run_program(cg, back, allocation, spec, events=allocation.shared)
+        except PlanError:
+            return plan
+        if allocation.shared and layout.conflicts(best, allocation):
+            return plan
+        if best.step_time_s >= base.step_time_s:
+            return plan
     return dataclasses.replace(
         plan, swaps=swaps, resident_parameters=resident, allocation=allocation,
         prediction=Prediction(peak_bytes=best.peak_bytes, step_time_s=best.step_time_s,
