@@ -51,7 +51,7 @@ def serves_pool(prepared) -> bool:
         allocator.installed_gpu_arena(prepared.device) is not None
 
 
-def allocator_of(prepared) -> str:
+def allocator_of(prepared, attempt=None) -> str:
     """What a plan of the step must fit within its budget
     (:data:`tfswap.core.best_of.ALLOCATORS`): "exact" where TensorFlow's
     allocator serves the step (each buffer its own bytes: what the step holds
@@ -59,7 +59,11 @@ def allocator_of(prepared) -> str:
     "pool": where the plan's pool serves the step (:func:`serves_pool`), and
     where nothing measures the plan, whose shared arena's slack then absorbs
     what the memory model misses (random steps at ``verify_rounds=0`` planned
-    to the bytes held: 1 of 137 measured 4% over its budget, seeds 7000-7499)."""
+    to the bytes held: 1 of 137 measured 4% over its budget, seeds 7000-7499),
+    and for an ``attempt`` (a :class:`tfswap.pipeline.Attempt`) after such a
+    plan measured over (``exact_fit`` False)."""
+    if attempt is not None and not attempt.exact_fit:
+        return "pool"
     return "exact" if prepared.verifiable and not serves_pool(prepared) else "pool"
 
 

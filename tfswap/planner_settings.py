@@ -33,7 +33,7 @@ def planner_settings(name: str, prepared, attempt, share: float = 1.0) -> dict:
     if "allocator" in takes:
         # What must fit: the plan's pool where a budget arena serves the step,
         # else the bytes TensorFlow's allocator holds (each buffer its own).
-        options["allocator"] = allocator_of(prepared)
+        options["allocator"] = allocator_of(prepared, attempt)
     return options
 
 

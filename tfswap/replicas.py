@@ -170,7 +170,7 @@ def carried_plan(prepared, first, replica: Replica, attempt) -> tuple[Plan | Non
         graph_match.match(source.problem.graph, target.problem.graph)
     where = prepared.device
     args = (first.found, source.problem, target.problem, m, attempt.planner_budget,
-            prepared.spec, allocator_of(prepared))
+            prepared.spec, allocator_of(prepared, attempt))
     why = ""
     try:
         try:

@@ -268,3 +268,30 @@ def test_the_predicted_peak_holds_a_swap_in_from_when_its_op_runs(monkeypatch):
     assert after.peak_bytes - problem.small_threshold_bytes <= predicted
     assert predicted <= 1.02 * after.peak_bytes
     assert_same_training(step.concrete_fn, made.bound, prepared.captured.variables, step.batch)
+
+
+def test_a_plan_made_to_the_held_bytes_that_measures_over_is_planned_again_in_its_arena():
+    # Where TensorFlow's allocator serves the step and the plan is measured, it is
+    # made to the bytes the step holds, with no slack for what the model misses;
+    # measured over, it is planned again with its shared arena fitting the budget.
+    from tfswap.budget_arena import allocator_of
+    from tfswap.planner_settings import planner_settings
+
+    step = zoo.cnn(batch=8, image=8, channels=4, blocks=3)
+    prepared = pipeline.prepare(step.concrete_fn, Options.of(
+        1.0, generations=2, seed=0, workers=1, inputs=step.batch))
+    prepared = pipeline.with_budget(prepared, int(0.7 * prepared.profile.peak_bytes))
+    attempt = pipeline.first_attempt(prepared)
+    assert planner_settings("tfswap", prepared, attempt)["allocator"] == "exact"
+    verified = pipeline.verify(pipeline.materialize(pipeline.plan(prepared, attempt)))
+    assert verified.within_budget
+    missed = dataclasses.replace(verified, measured_peak_bytes=prepared.budget_bytes + 1)
+    again = pipeline.refine(missed)
+    assert not again.exact_fit and again.replans == 1 and "shared arena" in again.notes[-1]
+    assert allocator_of(prepared, again) == "pool"
+    planned = pipeline.plan(prepared, again)
+    assert planned.found.allocation.total_bytes <= again.planner_budget
+    # Unmeasured (verify_rounds=0), plans keep the arena's slack from the start.
+    unmeasured = dataclasses.replace(prepared, options=dataclasses.replace(
+        prepared.options, verify_rounds=0))
+    assert allocator_of(unmeasured, pipeline.first_attempt(unmeasured)) == "pool"
