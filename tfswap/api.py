@@ -345,7 +345,7 @@ def parameters_text(plan: Plan, lowered, captured) -> str:
     types = {op.name: op.type for op in lowered.graph.ops}
     gathers = sum(1 for op in lowered.host_ops if types.get(op) == "GatherV2")
     placed = {v for p in plan.update_places for v in p.variables}
-    text = (f"parameters: {len(names)} variable(s) in host memory; each step fetches {fetched} "
+    text = (f"parameters: {len(set(names.values()))} variable(s) in host memory; each step fetches {fetched} "
             f"B of their values before use and copies {sum(lowered.writebacks.values())} B to "
             "the host (charged in the predicted time)")
     if gathers:

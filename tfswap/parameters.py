@@ -23,7 +23,8 @@ from tfswap.core.budget import BudgetError
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.infeasible import Infeasible
 from tfswap.core.profile import OpProfile
-from tfswap.tf import homes, host_side, update_places
+from tfswap.replicas import replica_of
+from tfswap.tf import homes, host_side, mirrored_homes, update_places
 from tfswap.tf.lower import lower, planner_budget
 
 
@@ -39,23 +40,31 @@ def place_parameters(prepared):
     picked = movable_parameters(prepared)
     if not picked:
         return prepared
-    relocation = homes.move_to_host([c.variable for c in picked], prepared.host)
+    variables = [c.variable for c in picked]
+    relocation = mirrored_homes.move_to_host(variables, prepared.host) if prepared.replicas \
+        else homes.move_to_host(variables, prepared.host)
     unplaced, unplaced_profile = prepared.unplaced or (prepared.captured, prepared.profile)
     try:
+        rehomed = homes.rehomed(unplaced, relocation)
+        if prepared.replicas:
+            rehomed = mirrored_homes.one_copy(rehomed, relocation)
         # Variables already in host memory (the user's, or moved by another plan) had
         # their updates made on the device before profiling: ``made`` holds the new ones.
-        moved, made = homes.updates_on_device(homes.rehomed(unplaced, relocation),
-                                              prepared.device)
+        moved, made = homes.updates_on_device(rehomed, prepared.device)
         moved_profile = with_moved_costs(unplaced_profile, made)
         captured, prof, places = host_work(moved, moved_profile, prepared.spec, prepared.device,
                                            prepared.budget_bytes, prepared.options,
                                            prepared.step.small)
         step = lower(captured, prof, prepared.spec, prepared.step.small,
                      prepared.options.recompute)
+        # Each other replica reads the copies; the first replica's updates write them.
+        replicas = tuple(replica_of(captured, r.device, r.profile, prepared.options,
+                                    prepared.spec, step) for r in prepared.replicas)
     except BaseException:
         relocation.undo()
         raise
     return dataclasses.replace(prepared, captured=captured, profile=prof, step=step,
+                               replicas=replicas,
                                relocation=relocation, update_places=places,
                                unplaced=(moved, moved_profile),
                                notes=prepared.notes + (relocation.describe(),))
@@ -100,10 +109,24 @@ def with_moved_costs(prof, moved: dict):
 
 
 def movable_parameters(prepared) -> tuple:
-    """The captured device variables :func:`place_parameters` would move."""
-    if prepared.options.parameters == "device" or prepared.replicas:
+    """The captured device variables :func:`place_parameters` would move: of a
+    replicated step, the first components of the mirrored variables of at least
+    the small-tensor threshold whose every component the step reads and updates
+    through plain ops (:mod:`tfswap.tf.mirrored_homes` keeps one copy of each)."""
+    if prepared.options.parameters == "device":
         return ()
-    return homes.chosen(prepared.captured, prepared.options.parameters, prepared.step.small)
+    chosen = homes.chosen(prepared.captured, prepared.options.parameters, prepared.step.small)
+    if not prepared.replicas:
+        return chosen
+    present = {id(c.variable) for c in chosen}
+    firsts = []
+    for c in chosen:
+        whole = mirrored_homes.mirrored_of(c.variable)
+        if whole is not None and whole.values[0] is c.variable and \
+                len(whole.values) == len(prepared.captured.replicas) and \
+                all(id(v) in present for v in whole.values):
+            firsts.append(c)
+    return tuple(firsts)
 
 
 def restore_parameters(prepared) -> None:

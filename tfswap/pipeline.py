@@ -58,7 +58,7 @@ from tfswap.replicas import (Replica, ReplicasStuckError, carried_plan, measure_
                              refuse_unplannable, replica_attempt, replica_of,
                              replicated_prediction, replication_notes)
 from tfswap.tf import capture as capture_mod
-from tfswap.tf import emulate, homes, ir, measure, rewrite, runtime
+from tfswap.tf import emulate, homes, ir, measure, mirrored_homes, rewrite, runtime
 from tfswap.tf.device import (check_arena, choose_spec, placement, profile_note,
                               profile_replicas, profile_step, sample_inputs)
 from tfswap.tf.finish import finish
@@ -265,6 +265,8 @@ def _captured(concrete_fn, options: Options, device: str, host: str):
     # its shapes, never run here first (capture refuses it otherwise).
     unrun = options.profile == "analytic" and options.verify_rounds == 0
     captured = capture_mod.capture(concrete_fn, device=device, other_workers=unrun)
+    if captured.replicas:   # traced while mirrored variables have one host copy
+        captured = mirrored_homes.onto_copies(captured)
     refuse_unplannable(captured, host, options.parameters)
     if captured.host_homed:
         captured, _ = homes.updates_on_device(captured, device)

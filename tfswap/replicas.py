@@ -36,7 +36,7 @@ from tfswap.budget_arena import allocator_of
 from tfswap.core import carry, graph_match, simulator
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.plan import Plan
-from tfswap.tf import capture, measure
+from tfswap.tf import capture, host_copies, measure
 from tfswap.tf.finish import finish
 from tfswap.tf.lower import Lowered, lower, planner_budget
 
@@ -80,19 +80,29 @@ def replica_of(captured, device: str, profile, options, spec: DeviceSpec,
 
 def refuse_unplannable(captured, host: str, parameters: str) -> None:
     """Raise :class:`tfswap.tf.capture.CaptureError` where a replicated step cannot
-    be planned: its host is one of the replicas' devices, or its variables are
-    (or ``parameters`` would put them) in host memory."""
+    be planned: its host is one of the replicas' devices, it reads variables the
+    user created in host memory, or ``parameters`` is "host"."""
     if any(capture.same_device(host, d) for d in captured.replicas):
         raise capture.CaptureError(
             f"the host {host} is one of the replicas' devices ({', '.join(captured.replicas)}): "
             "tfswap would swap a replica's tensors into another replica's memory. Pass host= a "
             "device no replica uses; on the emulated device, tfswap.tf.emulate.setup(replicas=2) "
             "and MirroredStrategy(devices.replicas) keep the host (CPU:1) apart")
-    if captured.replicas and (captured.host_homed or parameters == "host"):
+    if captured.replicas and parameters == "host":
         raise capture.CaptureError(
-            "a replicated step (tf.distribute) keeps its variables on its devices: tfswap does "
-            "not plan replicas with variables in host memory yet; create them under the "
-            "strategy's scope and pass parameters='auto' or 'device'")
+            "parameters='host' moves every variable, and a replicated step (tf.distribute) "
+            "holds variables that each replica updates on its own device (its strategy's and "
+            "optimizer's bookkeeping): tfswap moves a replicated step's variables to host "
+            "memory only with parameters='auto' (the mirrored variables of at least the "
+            "small-tensor threshold, one host copy each, when no plan fits with them on the "
+            "devices). Pass parameters='auto' or 'device'")
+    if captured.replicas and any(c.host_homed and not host_copies.is_copy(c.variable)
+                                 for c in captured.captures):
+        raise capture.CaptureError(
+            "a replicated step (tf.distribute) reads variables created in host memory "
+            "(under tf.device(host)): tfswap does not plan those for replicas. Create them "
+            "under the strategy's scope and pass parameters='auto', which keeps one host copy "
+            "of each mirrored variable that does not fit the devices")
 
 
 def replication_notes(captured, replicas: tuple) -> tuple[str, ...]:

@@ -144,6 +144,81 @@ def replicated(build, strategy, *args, **kwargs) -> TrainStep:
                      one.batch, loss_fn)
 
 
+def replicated_mlp(strategy, batch: int = 16, features: int = 256, hidden: int = 512,
+                   layers: int = 4, classes: int = 10, learning_rate: float = 1e-3,
+                   seed: int = 0) -> TrainStep:
+    """An MLP trained with Adam and replicated by ``strategy``, written with
+    ``tf.Variable``s (``model``: the weights, ``optimizer``: the Adam state, all
+    mirrored): each gradient all-reduced on its own, each update applied by
+    ``strategy.extended.update``.  Keras 3 all-reduces every gradient through one
+    concatenation, an op that holds all of them twice on each device at once, so
+    a Keras step never fits a device below twice its parameters; this one's
+    largest op holds one gradient.
+
+    Example::
+
+        step = zoo.replicated_mlp(strategy)
+        step.concrete_fn(*step.batch)["loss"]
+        [w.numpy() for w in step.model]       # what every replica holds
+    """
+    import tensorflow as tf
+
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, got {layers}")
+    rng = np.random.default_rng(seed)
+    shapes = [(features, hidden)] + [(hidden, hidden)] * (layers - 1) + [(hidden, classes)]
+    b1, b2, eps = 0.9, 0.999, 1e-7
+    with strategy.scope():
+        weights = []
+        for k, (a, b) in enumerate(shapes):
+            weights.append(tf.Variable((rng.standard_normal((a, b)) / np.sqrt(a)).astype(
+                np.float32), name=f"dense_{k}/kernel"))
+            weights.append(tf.Variable(np.zeros(b, np.float32), name=f"dense_{k}/bias"))
+        slots = [(tf.Variable(tf.zeros_like(w), name=f"m_{k}"),
+                  tf.Variable(tf.zeros_like(w), name=f"v_{k}")) for k, w in enumerate(weights)]
+    n = strategy.num_replicas_in_sync
+    data = (rng.standard_normal((batch, features), dtype=np.float32),
+            rng.integers(0, classes, batch).astype(np.int32))
+    if batch % n:
+        raise ValueError(f"the batch of {batch} does not divide among {n} replicas")
+
+    def forward(x):
+        for k in range(0, len(weights), 2):
+            x = tf.matmul(x, weights[k]) + weights[k + 1]
+            if k + 2 < len(weights):
+                x = tf.nn.relu(x)
+        return x
+
+    def adam(w, g, m, v):
+        m.assign_add((g - m) * (1 - b1))
+        v.assign_add((tf.square(g) - v) * (1 - b2))
+        w.assign_sub(learning_rate * m / (tf.sqrt(v) + eps))
+
+    def apply(strategy, grads):
+        for w, g, (m, v) in zip(weights, grads, slots):
+            strategy.extended.update(w, adam, args=(g, m, v), group=False)
+
+    @tf.function
+    def step(x, y):
+        def replica(x, y):
+            ctx = tf.distribute.get_replica_context()
+            k = ctx.replica_id_in_sync_group
+            size = batch // n
+            xs, ys = x[k * size:(k + 1) * size], y[k * size:(k + 1) * size]
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels=ys, logits=forward(xs))) / n
+            grads = [ctx.all_reduce("SUM", g) for g in tape.gradient(loss, weights)]
+            ctx.merge_call(apply, args=(grads,))
+            return loss
+
+        return {"loss": strategy.reduce("SUM", strategy.run(replica, args=(x, y)), axis=None)}
+
+    specs = [tf.TensorSpec(b.shape, tf.as_dtype(b.dtype)) for b in data]
+    return TrainStep(f"mlp_adam_x{n}", weights, [s for pair in slots for s in pair],
+                     step.get_concrete_function(*specs), data)
+
+
 def _image_step(name, model, batch, image, classes, seed):
     """The step of an image classifier: a seeded batch of ``image`` x ``image`` RGB
     inputs and integer labels, sparse cross-entropy on logits."""

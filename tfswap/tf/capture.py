@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import nest
 
-from tfswap.tf import grappler
+from tfswap.tf import grappler, host_copies
 
 
 class CaptureError(ValueError):
@@ -314,7 +314,8 @@ def strategy_devices(concrete_fn) -> tuple[str, ...]:
             variables = graph.variables
         except AssertionError:   # collected after tracing: capture() says so, not here
             variables = ()
-        found = {local_device(c.device) for c in _mirrored_components(variables)}
+        found = {local_device(host_copies.replica_device(c))
+                 for c in _mirrored_components(variables)}
     return tuple(sorted(found, key=order))
 
 
@@ -353,7 +354,7 @@ def replica_devices(graph_def, device: str, variables=()) -> tuple[str, ...]:
 
     kind = tf.DeviceSpec.from_string(device).device_type
     found = set(_collective_devices(functions_too())) | {
-        local_device(c.device) for c in _mirrored_components(variables)}
+        local_device(host_copies.replica_device(c)) for c in _mirrored_components(variables)}
     if kind != "CPU":
         found |= {local_device(n.device) for n in graph_def.node if n.device
                   and tf.DeviceSpec.from_string(n.device).device_type == kind}

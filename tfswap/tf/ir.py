@@ -408,6 +408,27 @@ def _this_replica(ops: list[Op], tensors: list[Tensor], captured: CapturedFuncti
         return same_device(op.device or first, device)
 
     kept = {op.name for op in ops if here(op) or op.type == "Placeholder"}
+    # Work on the host (the reads and updates of variables in host memory,
+    # tfswap.tf.mirrored_homes) is this replica's where it exchanges values with
+    # this replica's ops, directly or through other host work.
+    on_host = {op.name for op in ops if op.device and op.type != "Placeholder" and not any(
+        same_device(op.device, d) for d in captured.replicas)}
+    if on_host:
+        readers: dict[str, set] = {}
+        for op in ops:
+            for t in op.inputs:
+                readers.setdefault(t.rpartition(":")[0], set()).add(op.name)
+        inputs = {op.name: {t.rpartition(":")[0] for t in op.inputs} for op in ops}
+        # Through the host's ops alone: every replica reads the same placeholders.
+        mine = {op.name for op in ops if here(op) and op.type != "Placeholder"}
+        stack = [n for n in on_host if (inputs[n] | readers.get(n, set())) & mine]
+        while stack:
+            name = stack.pop()
+            if name in kept:
+                continue
+            kept.add(name)
+            stack += [n for n in (inputs[name] | readers.get(name, set()))
+                      if n in on_host and n not in kept]
     arriving = {t.rpartition(":")[0] for op in ops if op.name in kept for t in op.inputs} - kept
     leaving = [t for op in ops if op.name not in kept for t in op.inputs
                if t.rpartition(":")[0] in kept]
