@@ -4,9 +4,7 @@ outcome kept, the byte-cap planner's variants weighed after the recomputation
 pass (no TensorFlow)."""
 
 import dataclasses
-import heapq
 
-import numpy as np
 import pytest
 
 from research.synthetic import layered_training_step
@@ -14,7 +12,6 @@ from tfswap.core import baselines, best_of, planners
 from tfswap.core.infeasible import Infeasible, UnsupportedProblem
 from tfswap.core.problem import Problem
 from tfswap.core.search import BYTES_PLANNER_NAME, PLANNER_NAME, SearchConfig
-from tfswap.core.recompute import with_recomputes
 from tfswap.core.simulator import held_peak_bytes, simulate
 from tests.core.plan_checks import SPEC, slow_v100
 
@@ -191,24 +188,6 @@ def test_a_plan_the_simulator_rejects_warns_and_leaves_the_others_to_serve():
     assert "rejected by the simulator" in contest.candidates[0].describe()
 
 
-def _random_order(graph, seed):
-    """A topological order of ``graph`` that takes ready ops in a random order:
-    an executor's order that does not follow the graph's."""
-    rank = np.random.default_rng(seed).random(len(graph.ops))
-    indeg, succ = graph._in_degrees_and_successors()
-    ready = [(rank[i], i) for i, d in enumerate(indeg) if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, i = heapq.heappop(ready)
-        order.append(graph.ops[i].name)
-        for s in succ[i]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(ready, (rank[s], s))
-    return order
-
-
 def test_with_an_exact_allocator_plans_hold_their_bytes_and_gain_the_arenas_overhead():
     # TensorFlow's allocator gives each buffer its own bytes: what must fit is
     # what the step holds at once, not a shared arena's objects.
@@ -223,20 +202,3 @@ def test_with_an_exact_allocator_plans_hold_their_bytes_and_gain_the_arenas_over
     assert exact.prediction.step_time_s < pool.prediction.step_time_s * 0.9
     with pytest.raises(ValueError, match="allocator"):
         planners.run("tfswap", problem, budget, SPEC, config=CONFIG, allocator="bfc")
-
-
-@pytest.mark.parametrize("allocator", best_of.ALLOCATORS)
-def test_the_graphs_own_order_is_planned_beside_the_executors(allocator):
-    graph = layered_training_step(120, seed=1)
-    problem = Problem.of(graph, schedule=_random_order(graph, 1),
-                         recomputable=[op.name for op in graph.ops])
-    budget = int(_peak(problem) * 0.7)
-
-    def byte_plan(schedule):
-        return best_of.byte_planned(problem, budget, SPEC, [schedule], allocator=allocator,
-                                    polish=lambda p: with_recomputes(problem, p, SPEC, budget))
-
-    on_graphs = byte_plan(None).prediction.step_time_s
-    assert on_graphs < 0.8 * byte_plan(problem.schedule).prediction.step_time_s
-    plan = planners.run("tfswap", problem, budget, SPEC, config=CONFIG, allocator=allocator).plan
-    assert plan.prediction.step_time_s <= on_graphs * (1 + 1e-9)

@@ -127,9 +127,8 @@ def default(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
 
     * the genetic search (``config``, its pool laid out ``layout``: "shared"
       or "disjoint", :data:`LAYOUTS`), its plan given the recomputation pass;
-    * with the shared layout, the byte-cap planner on TF's order, on the
-      graph's topological order and on the search's best schedule, each
-      variant given the pass
+    * with the shared layout, the byte-cap planner on TF's order and on the
+      search's best schedule, each variant given the pass
       (:func:`tfswap.core.best_of.byte_planned`): where ``allocator`` is
       "pool" (tfswap's pool allocator serves the step) its shared arena
       fits; where it is "exact" (each buffer gets its own bytes, as from
@@ -159,12 +158,12 @@ def default(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
     searched = contest.enter(search.PLANNER_NAME, lambda: genetic(
         problem, budget_bytes, spec, config=dataclasses.replace(config, pool_layout=layout)))
     if layout == "shared":
-        # The graph's own topological order beside TF's executed one: TF's
-        # executor runs ready ops in an order of its own, which on the zoo's
-        # steps left the byte-cap planner far less to work with (on a 50 MB/s
-        # link: the CNN at 60% 5.69x of ideal against 1.06x, the Transformer
-        # 5.35x against 1.24x, BERT-style at 40% 14.9x against 6.1x).
-        schedules = [problem.schedule, None] + ([searched.plan.schedule] if searched else [])
+        # Not the graph's own topological order, which plans far faster on the
+        # zoo's steps (BERT-style at 40% on a 50 MB/s link: 6.1x of ideal against
+        # 14.9x): TensorFlow did not run such a plan as simulated while a copy was
+        # slow, and it measured 25-32% over its budget (docs/lab-notes/
+        # planning-to-the-bytes.md).
+        schedules = [problem.schedule] + ([searched.plan.schedule] if searched else [])
         contest.enter(search.BYTES_PLANNER_NAME, lambda: PlanResult(dataclasses.replace(
             best_of.byte_planned(problem, budget_bytes, spec, schedules,
                                  polish=lambda plan: with_recomputes(problem, plan, spec,
