@@ -58,23 +58,13 @@ import tfswap  # noqa: E402
 from tfswap import parameters as parameters_mod  # noqa: E402
 from tfswap import pipeline, zoo  # noqa: E402
 from tfswap.core.devices import cpu_emulated  # noqa: E402
-from tfswap.core.plan import UpdatePlace  # noqa: E402
-from tfswap.tf import capture, host_side, measure, runtime, update_places  # noqa: E402
+from tfswap.tf import capture, measure, runtime, update_places  # noqa: E402
+from research.update_choices import every_update_on_the_host  # noqa: E402
 
 STRATEGY = tf.distribute.MirroredStrategy(list(DEVICES.replicas))
 COLUMNS = ("row", "parameters", "budget_bytes", "state_bytes", "unmodified_peak_bytes",
            "peak_cpu0_bytes", "peak_cpu2_bytes", "host_bytes", "per_replica_copies_bytes",
            "update_places", "step_ms", "plain_step_ms", "over_plain", "identical", "plan_s")
-
-
-def _updates_on_the_host(captured, prof, device, room, price):
-    places = []
-    for group in host_side.update_groups(captured, device):
-        current = next(g for g in host_side.update_groups(captured, device)
-                       if g.variables == group.variables)
-        captured, prof = update_places.place(captured, prof, device, current, "host")
-        places.append(UpdatePlace(current.variables, "host", 0, "benchmark row"))
-    return update_places.Placed(captured, prof, tuple(places))
 
 
 def plan_row(step, budget: int, parameters: str, args):
@@ -139,7 +129,7 @@ def main() -> None:
         step, twin = build(), build()
         chooser = update_places.choose
         if name == "auto_host_updates":
-            update_places.choose = _updates_on_the_host
+            update_places.choose = every_update_on_the_host
         try:
             started = time.perf_counter()
             fast, peaks, moved, places = plan_row(step, budget, parameters, args)

@@ -19,8 +19,8 @@ import tensorflow as tf
 
 import tfswap
 from tfswap import zoo
-from tfswap.core.plan import UpdatePlace
-from tfswap.tf import capture, homes, host_side, measure, mirrored_homes, update_places
+from research.update_choices import every_update_on_the_host
+from tfswap.tf import capture, homes, measure, mirrored_homes
 
 from .test_replicas import REPLICAS, STRATEGY
 
@@ -116,17 +116,6 @@ def test_the_unmodified_replicated_step_refuses_to_run_on_the_one_copy_until_res
         np.testing.assert_array_equal(got.values[1].numpy(), want.values[1].numpy())
 
 
-def _updates_on_the_host(captured, prof, device, room, price):
-    """``update_places.choose`` placing every update group on the host."""
-    places = []
-    for group in host_side.update_groups(captured, device):
-        current = next(g for g in host_side.update_groups(captured, device)
-                       if g.variables == group.variables)
-        captured, prof = update_places.place(captured, prof, device, current, "host")
-        places.append(UpdatePlace(current.variables, "host", 0, "this test's choice"))
-    return update_places.Placed(captured, prof, tuple(places))
-
-
 def test_the_update_computed_once_on_the_host_after_the_all_reduce_trains_exactly(
         monkeypatch):
     """ZeRO-Offload's place: the first replica's all-reduced gradients leave its device
@@ -135,7 +124,7 @@ def test_the_update_computed_once_on_the_host_after_the_all_reduce_trains_exactl
     on the host, a choice it may make, to check what that place computes.)"""
     from tfswap import parameters
 
-    monkeypatch.setattr(parameters.update_places, "choose", _updates_on_the_host)
+    monkeypatch.setattr(parameters.update_places, "choose", every_update_on_the_host)
     step, reference = _steps()
     budget = _budget(step)
     fast = tfswap.optimize(step.concrete_fn, budget, generations=2, workers=1, seed=0,
