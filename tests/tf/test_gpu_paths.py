@@ -305,7 +305,10 @@ def test_under_a_budget_arena_the_plan_binds_its_pool_and_each_call_runs_in_it(m
     step = zoo.cnn(batch=8, image=8, channels=24, blocks=3)   # kernels above the small pool
     options = options_mod.Options.of(1.0, generations=2, seed=0, workers=1, inputs=step.batch)
     prepared = pipeline.prepare(step.concrete_fn, options)
-    budget = int(0.7 * prepared.profile.peak_bytes)
+    # What is checked is the binding, not a tight plan: at 70% of the peak the
+    # small pool (the step's small variables counted all step) left the class
+    # pool 0.2% short of what one op uses at once in a fresh-clone run.
+    budget = int(0.8 * prepared.profile.peak_bytes)
     prepared = pipeline.with_budget(prepared, budget)
     planned = pipeline.plan(prepared, pipeline.first_attempt(prepared), planner="tfswap.order")
 
