@@ -253,3 +253,12 @@ def test_feasible_individuals_whose_chance_underflows_survive_before_infeasible_
     assert sorted(ge.softmax_select(times, 3, rng, temperature=0.05).tolist()) == [0, 1, 4]
     got = ge.softmax_select(times, 5, rng, temperature=0.05)
     assert got.tolist()[:4] == [0, 4, 1, 3] and got[4] == 2
+
+
+def test_a_generation_with_no_feasible_individual_is_drawn_without_weights(recwarn):
+    # A tight budget's early generations can hold no feasible individual while the
+    # search's best time is known: the draw is uniform, with no NaN weights.
+    times = np.full(10, np.inf)
+    chosen = ge.softmax_select(times, 4, np.random.default_rng(3), best_time=1.0)
+    assert len(set(chosen.tolist())) == 4 and not [w for w in recwarn
+                                                   if issubclass(w.category, RuntimeWarning)]

@@ -244,7 +244,9 @@ def softmax_select(times: np.ndarray, k: int, rng: np.random.Generator,
         raise ValueError(f"cannot select {k} survivors from {len(times)} individuals")
     finite = np.isfinite(times)
     best = float(np.min(times[finite])) if best_time is None and finite.any() else best_time
-    if best is None or not np.isfinite(best) or best <= 0:
+    # Every individual infeasible (a tight budget's first generations): no chance
+    # to weigh, the same draw as the fallback below makes.
+    if best is None or not np.isfinite(best) or best <= 0 or not finite.any():
         return rng.choice(len(times), size=k, replace=False)
     p = selection_probabilities(times, best, temperature)
     positive = p > 0
