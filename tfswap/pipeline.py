@@ -582,9 +582,9 @@ def refine(verified: Verified) -> Attempt:
     replans = attempt.replans + 1
     if attempt.exact_fit and allocator_of(prepared, attempt) == "exact":
         # Made to the bytes the step holds, the plan had no slack for what the
-        # memory model missed; its shared arena's has (BERT-style at 40% on a
-        # 50 MB/s link measured 32% over such a plan, and with that much less
-        # room nothing fitted).
+        # memory model missed; its shared arena's has. Less room at once can
+        # leave nothing that fits (BERT-style at 40% on a 50 MB/s link measured
+        # 32% over a plan on the graph's own order, since taken out).
         note = (f"{what} exceeded the budget by {excess} B with a plan made to the bytes "
                 "the step holds: re-planned within its shared arena")
         return dataclasses.replace(attempt, exact_fit=False, replans=replans,
