@@ -223,3 +223,56 @@ def test_ordered_copies_chain_each_direction_in_stream_order():
     assert runtime.bind(captured, ordered.graph_def)(x)["loss"].numpy() == want
     with pytest.raises(ValueError, match="ordered_copies"):
         rewrite.rewrite(captured, plan, DEVICE, HOST, ordered_copies="yes")
+
+
+def test_an_op_tensorflow_folds_at_run_time_keeps_its_place_in_the_chain():
+    """A mean loss's gradient seed that Grappler left (a ``Tile`` of constants,
+    scaled by a constant) is folded by TensorFlow when it instantiates the step,
+    which replaces its data edge to its reader with a constant: the op would run
+    whenever its inputs allow and hold its 256 KiB where the plan counts it
+    freed (fuzz seed 8263, 4.4% over its budget).  The chain orders it with a
+    control edge as well, and the step computes what the unmodified one does."""
+    from research import fuzz
+
+    step = fuzz.random_step(8263)
+    captured = capture.capture(step.concrete_fn)
+    reference = tf.Graph()
+    with reference.as_default():
+        tf.graph_util.import_graph_def(captured.graph_def, name="")
+    foldable = rewrite._foldable(captured.graph_def, reference)
+    assert {"gradient_tape/Tile", "gradient_tape/truediv"} <= foldable
+    nodes = {n.name: n for n in captured.graph_def.node}
+    assert not foldable & {name for name, n in nodes.items()
+                           if n.op in ("Const", "Placeholder", "ReadVariableOp")}
+    # The seed's plan ran the scaled seed right before its reader.
+    folded, reader = "gradient_tape/truediv", "gradient_tape/Mul_1"
+    assert folded in rewrite._predecessors(nodes[reader]) and reader not in foldable
+    schedule = _order_with(nodes, folded, reader)
+    rewritten = rewrite.rewrite(captured, Plan(schedule=schedule), DEVICE, HOST)
+    after = {n.name: n for n in rewritten.graph_def.node}
+    assert "^" + folded in after[reader].input
+    for a, b in zip(schedule, schedule[1:]):   # a data edge alone orders the others
+        if a not in foldable and "^" + a not in nodes[b].input \
+                and a in (source for source, _ in rewrite._data_inputs(nodes[b])):
+            assert "^" + a not in after[b].input, (a, b)
+    initial = [v.numpy() for v in step.variables]
+    plain = runtime.bind(captured, captured.graph_def)(*step.batch)
+    for v, value in zip(step.variables, initial):   # the step updates them
+        v.assign(value)
+    got = runtime.bind(captured, rewritten.graph_def)(*step.batch)
+    for key in plain:
+        np.testing.assert_array_equal(got[key].numpy(), plain[key].numpy())
+
+
+def _order_with(nodes: dict, first: str, then: str) -> tuple[str, ...]:
+    """A topological order of ``nodes`` that runs ``then`` right after ``first``."""
+    preds = {name: set(rewrite._predecessors(n)) & set(nodes) for name, n in nodes.items()}
+    order, done = [], set()
+    while len(order) < len(nodes):
+        ready = [name for name in nodes if name not in done and preds[name] <= done]
+        pick = next(name for name in ready
+                    if name not in (first, then) or preds[then] - {first} <= done)
+        for name in ((first, then) if pick in (first, then) else (pick,)):
+            order.append(name)
+            done.add(name)
+    return tuple(order)
