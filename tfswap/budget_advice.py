@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfswap.core import planners
+from tfswap import budget_arena
+from tfswap.core import planners, search
 from tfswap.core.budget import BudgetError
 from tfswap.core.infeasible import Infeasible
 from tfswap.core.problem import Problem
@@ -22,24 +23,39 @@ MINIMUM_SEARCH_DOUBLINGS = 6   # how far above the unconstrained peak a smallest
 
 
 def minimum_budget(prepared, attempt) -> int:
-    """The smallest budget (with 5% headroom) whose planner budget the plan on TF's
-    order accepts (``prepared``, ``attempt``: :mod:`tfswap.pipeline`'s values)."""
+    """The smallest budget (with 5% headroom) whose planner budget a plan on TF's
+    order fits (``prepared``, ``attempt``: :mod:`tfswap.pipeline`'s values): the
+    swap planner's with its pool of size classes, or, where the byte-cap planner
+    may plan the step, its plan held to the bytes the allocator that serves the
+    step needs (:func:`tfswap.budget_arena.allocator_of`: with TensorFlow's own,
+    each buffer its bytes).  The pool alone named 6.89 MiB for a GRU step whose
+    unmodified peak is 4.0 MB and whose ``While`` needs 3.3 MB at once."""
     step = attempt.step
+    need = _smallest_fit(step, prepared.spec, "tfswap.order")
+    if not step.problem.host_parameters:
+        memory = "live" if budget_arena.allocator_of(prepared, attempt) == "exact" else "shared"
+        try:
+            need = min(need, _smallest_fit(step, prepared.spec, search.BYTES_PLANNER_NAME,
+                                           memory=memory))
+        except Infeasible:
+            pass
+    # 5% headroom: the default schedule is TF's traced order, which varies from
+    # run to run, and the bisection is for this run's order only.
+    return int(1.05 * (need + attempt.outside_bytes) / (1.0 - prepared.options.safety_margin)) + 1
+
+
+def _smallest_fit(step, spec, planner: str, **options) -> int:
     high = step.unconstrained.prediction.peak_bytes
     # The pool gives each size class the most objects one op uses at once, which
     # can exceed the unconstrained peak (parameters far larger than activations).
     for doubling in range(MINIMUM_SEARCH_DOUBLINGS + 1):
         try:
-            need, _ = planners.fit_to_budget("tfswap.order", step.problem, prepared.spec,
-                                             high=high)
-            break
+            need, _ = planners.fit_to_budget(planner, step.problem, spec, high=high, **options)
+            return need
         except Infeasible:
             if doubling == MINIMUM_SEARCH_DOUBLINGS:
                 raise
             high *= 2
-    # 5% headroom: the default schedule is TF's traced order, which varies from
-    # run to run, and the bisection is for this run's order only.
-    return int(1.05 * (need + attempt.outside_bytes) / (1.0 - prepared.options.safety_margin)) + 1
 
 
 def smallest_budget(prepared, attempt) -> int:
@@ -80,12 +96,15 @@ def measured_over(prepared, measured: int, err: Infeasible) -> BudgetError:
 
 
 def below_working_set(prepared, attempt, minimum: int, err: Infeasible) -> BudgetError:
-    """No plan fits the budget; ``minimum`` is the smallest that can work."""
-    return BudgetError(
+    """No plan fits the budget; ``minimum`` is the smallest that can work (also
+    the error's ``smallest_bytes``)."""
+    error = BudgetError(
         f"memory_budget {prepared.options.memory_budget!r} ({prepared.budget_bytes} bytes) is "
         f"below what this step needs at once: {working_set_text(attempt.step.problem)}. The "
         f"smallest budget that can work is about {minimum} bytes ({minimum / 2**20:.2f} MiB); "
         f"pass at least that. (Planner: {err})")
+    error.smallest_bytes = minimum
+    return error
 
 
 def still_over(replans: int, what: str, budget: int) -> BudgetError:

@@ -144,6 +144,29 @@ def test_lstm_with_a_while_loop_trains_exactly_with_swaps():
     assert_trains_exactly(step, captured, fast)
 
 
+def test_below_a_while_loops_working_set_the_budget_named_works():
+    """A GRU's ``While`` needs most of the step's peak at once, so a budget at half
+    of it is refused; the budget the error names (the smaller of the two
+    parameter homes ``parameters="auto"`` tries, each as TensorFlow's allocator
+    holds it, with the named minimum's 5% headroom and the safety margin) is
+    close to the unmodified peak, not the 1.8x of it the pool's minimum alone
+    named, and the step runs within it."""
+    x = np.random.default_rng(0).standard_normal((24, 64, 16)).astype(np.float32)
+    step = keras_step("gru_loop", [keras.Input((64, 16)), L.Conv1D(32, 3, activation="swish"),
+                                   L.LayerNormalization(), L.GRU(48, return_sequences=True),
+                                   L.GlobalMaxPooling1D(), L.Dense(5)], x, labels(24, 5))
+    captured = capture.capture(step.concrete_fn)
+    peak = measure.measure(captured, captured.graph_def, step.batch).peak_bytes
+    kwargs = dict(generations=2, seed=0, workers=1, inputs=step.batch)
+    with pytest.raises(BudgetError, match="While") as refused:
+        tfswap.optimize(step.concrete_fn, peak // 2, **kwargs)
+    minimum = int(re.search(r"about (\d+) bytes", str(refused.value)).group(1))
+    assert peak // 2 < minimum < 1.2 * peak
+    fast = tfswap.optimize(step.concrete_fn, minimum, **kwargs)
+    assert measure.measure(fast.captured, fast.graph_def, step.batch).peak_bytes <= minimum
+    fast.restore_parameters()
+
+
 def test_dropout_trains_exactly_with_swaps():
     """Keras 3 Dropout: a seed-generator variable and stateless random ops."""
     x = np.random.default_rng(0).standard_normal((BATCH, 256)).astype(np.float32)
