@@ -365,7 +365,8 @@ def _plan_replica(prepared: Prepared, first: Planned, replica: Replica, attempt:
     if replica.match is not None and first.found is not None and \
             first.plan.planner != NO_SWAP and not fits_unmodified(prepared, attempt,
                                                                   replica.profile):
-        found, note = carried_plan(prepared, first, replica, attempt)
+        found, note = carried_plan(prepared, first, replica, attempt,
+                                   held=lambda p: _held(p, prepared, attempt))
         if found is not None:
             return Planned(prepared, attempt, found, None, attempt.notes + (note,)), True
         why = (note,)
