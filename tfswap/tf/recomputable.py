@@ -47,10 +47,9 @@ OFFERED = frozenset({
     "Conv2D", "_FusedConv2D", "DepthwiseConv2dNative", "MatMul", "_FusedMatMul",
     "BatchMatMulV2", "Einsum", "BiasAdd", "_UnaryOpsComposition", "GatherV2",
     "Identity", "Reshape", "Squeeze", "ExpandDims",
-    # erf-based GELU's halves.  Not Split: an LSTM's plans remaking its gates'
-    # Split measured 9-21% over the budget the model predicted them within (50 MB/s,
-    # zoo LSTM-4 at 60%); nor Unpack or slices, whose outputs may be views.
-    "Erfc", "Expm1", "Log1p", "Pow"})
+    # erf-based GELU's halves; an LSTM cell's gates (a Split along an inner axis
+    # copies; see _split_refusal).  Not Unpack or slices, whose outputs may be views.
+    "Erfc", "Expm1", "Log1p", "Pow", "Split"})
 CONVOLUTIONS = frozenset({"Conv2D", "_FusedConv2D", "DepthwiseConv2dNative"})
 FUNCTIONAL = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
                         "PartitionedCall", "StatefulPartitionedCall"})
@@ -97,6 +96,24 @@ def refusal(node, graph: tf.Graph, device: str = "", merged_ops: frozenset = fro
         return f"TensorFlow merges it with a neighbour when it runs the step"
     if node.op not in OFFERED:
         return f"{node.op} is not among the ops offered for recomputation (OFFERED)"
+    if node.op == "Split":
+        return _split_refusal(op)
+    return ""
+
+
+def _split_refusal(op) -> str:
+    """"" where a ``Split`` makes each output afresh.  TensorFlow's CPU and GPU
+    kernels hand out views of the input when there is one output or the split
+    is along the first axis (outputs then share the input's buffer), so a
+    copy of the op would not make the buffers the memory model counts."""
+    axis_op = op.inputs[0].op
+    rank = op.inputs[1].shape.rank
+    if axis_op.type != "Const" or rank is None:
+        return "a Split whose axis or rank is not known when the step is planned"
+    axis = int(tf.make_ndarray(axis_op.get_attr("value")))
+    axis = axis + rank if axis < 0 else axis
+    if axis == 0 or op.get_attr("num_split") == 1:
+        return "a Split along the first axis or into one part shares its input's buffer"
     return ""
 
 

@@ -434,10 +434,29 @@ def _remake_positions(plan, nodes: dict, position: dict) -> dict[str, int]:
 
 
 def _recompute(graph_def, nodes: dict, swap, k: int, position: dict, reference,
-               trigger, device: str, merged_ops: frozenset, first: int | None = None) -> list[str]:
+               trigger, device: str, merged_ops: frozenset, first: int | None = None,
+               original: dict | None = None, fetched=frozenset()) -> list[str]:
     """Add the copies of the ops that make ``swap.tensor`` again (``swap.ops``, or
-    its producer), in order, the first run after the op the schedule puts just
-    before ``first`` (default: the first consumer); their names."""
+    its producer), in order, each run after the op the schedule puts just
+    before ``first`` (default: the first consumer); their names.
+
+    A copy reads what its op reads in the captured step (``original``: its
+    nodes; default ``nodes``), an earlier op of the chain's copy where the
+    chain makes that value: not what an earlier swap or recomputation has
+    repointed the op itself to since.  Copied from the repointed op, an LSTM
+    gate's chain (MatMul, MatMul_1, Add, BiasAdd, Split, Sigmoid) whose Add
+    the plan had fed a forward remake of its MatMul read that remake instead
+    of the chain's own MatMul: the remake stayed on the device from the
+    forward pass to the backward chain, where the memory model has it gone
+    (the zoo LSTM-4 at 40% measured 1,394,704 B for a predicted 759,736 B).
+    The rewrite's last pass points each input the chain does not make at the
+    copy the plan has on the device then; a host value (``fetched``: a
+    host-homed variable's read, or a value made on the host) is read from the
+    copy its op reads.  Every copy waits for that op, not
+    only the first: a chain op reading nothing the chain makes (the
+    recurrent MatMul_1) would otherwise run as soon as its inputs exist,
+    and hold its output from there."""
+    original = nodes if original is None else original
     from tfswap.tf.recomputable import refusal
 
     producer, _ = split_tensor_name(swap.tensor)
@@ -470,12 +489,17 @@ def _recompute(graph_def, nodes: dict, swap, k: int, position: dict, reference,
         clone.CopyFrom(nodes[op])
         clone.name = name
         del clone.input[:]
-        for raw in nodes[op].input:
-            if raw.startswith("^"):
-                continue
+        now = [raw for raw in nodes[op].input if not raw.startswith("^")]
+        for raw, then in zip((raw for raw in original[op].input if not raw.startswith("^")),
+                             now):
             source, index = split_tensor_name(raw)
-            clone.input.append(_input_ref(made[source], index) if source in made else raw)
-        if j == 0 and before and _orders(nodes, trigger(before[0])):
+            if source in made:
+                clone.input.append(_input_ref(made[source], index))
+            elif (source, index) in fetched:   # a host value: the copy the plan fetched
+                clone.input.append(then)
+            else:
+                clone.input.append(raw)
+        if before and _orders(nodes, trigger(before[0])):
             clone.input.append("^" + trigger(before[0]))
         nodes[name] = clone
         made[op] = name
@@ -601,6 +625,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
     graph_def = graph_pb2.GraphDef()
     graph_def.CopyFrom(captured.graph_def)
     nodes = {n.name: n for n in graph_def.node}
+    original = {n.name: n for n in captured.graph_def.node}   # inputs as captured
     position = _check_schedule(plan, nodes)
     riders = _riders(captured, plan, position)
     # A replica's plan schedules the values other replicas send it (as sources,
@@ -657,7 +682,8 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
             if remade_at is None:
                 remade_at = _remake_positions(plan, nodes, position)
             clones = _recompute(graph_def, nodes, swap, k, position, reference, trigger,
-                                device, merged_ops, remade_at.get(swap.id))
+                                device, merged_ops, remade_at.get(swap.id), original,
+                                host_values)
             held = copies.setdefault((producer, index), [(producer, index)])
             for consumer in swap.consumers:
                 for copy in held:
