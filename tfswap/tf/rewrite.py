@@ -182,24 +182,17 @@ def _foldable(graph_def, reference: tf.Graph) -> frozenset:
     keeps."""
     ops_by_name = {op.name: op for op in reference.get_operations()}
     nodes = {n.name: n for n in graph_def.node}
-    memo: dict[str, bool] = {}
-
-    def folds(name: str) -> bool:
-        if name in memo:
-            return memo[name]
-        memo[name] = False   # a cycle (none in a step's graph) folds nothing
-        node, op = nodes.get(name), ops_by_name.get(name)
-        if node is None or op is None:
-            return False
+    constant: set[str] = set()   # Const nodes and the ops folded from them
+    for name in topological_order(graph_def):   # inputs first; no recursion on deep steps
+        node, op = nodes[name], ops_by_name.get(name)
         if node.op == "Const":
-            memo[name] = True
-        elif node.op not in _NEVER_FOLDED and not op.op_def.is_stateful \
+            constant.add(name)
+        elif op is not None and node.op not in _NEVER_FOLDED and not op.op_def.is_stateful \
                 and all(t.dtype != tf.resource for t in op.inputs):
             inputs = _data_inputs(node)
-            memo[name] = bool(inputs) and all(folds(source) for source, _ in inputs)
-        return memo[name]
-
-    return frozenset(name for name, node in nodes.items() if node.op != "Const" and folds(name))
+            if inputs and all(source in constant for source, _ in inputs):
+                constant.add(name)
+    return frozenset(name for name in constant if nodes[name].op != "Const")
 
 
 # Ops the run-time folding leaves alone however constant their inputs.
