@@ -252,11 +252,17 @@ def test_each_program_the_variants_make_is_simulated_once(monkeypatch):
 
     monkeypatch.setattr(byte_planner, "_simulated", counting)
     plans = byte_planner.variants(graph, budget, spec, memory="shared",
-                                  compiled=problem.compiled, recomputable=problem.recomputable)
+                                  compiled=problem.compiled, recomputable=problem.recomputable,
+                                  checkpoints=False)
     # Some of its ops have planned scratch: each variant also scans with chains
     # that run them.
     assert any(op.scratch_bytes for op in graph.ops)
     assert len(plans) == 1 + 2 * len(byte_planner.RECOMPUTE_VARIANTS)
+    held = byte_planner.variants(graph, budget, spec, memory="shared",
+                                 compiled=problem.compiled, recomputable=problem.recomputable,
+                                 swaps_alone=False, checkpoints="only")
+    assert len(held) == len(byte_planner.CHECKPOINT_VARIANTS)
+    plans += held
     assert seen and len(seen) == len(set(seen))
     for p in plans:
         assert p.allocation.total_bytes <= budget
@@ -372,10 +378,11 @@ def test_the_compiled_scan_makes_the_reference_scans_programs(name, graph):
         assert segmented, "a segment should be made again at some cap"
 
 
-def _forward_backward(n: int = 12):
+def _forward_backward(n: int = 12, input_mb: int = 8, loss_reads_input: bool = False):
     """A forward chain of ``n`` cheap 8 MB ops, a loss and a backward pass that reads
     them in reverse (``g{i}`` reads ``f{i}`` and ``g{i+1}``): gradient checkpointing's
-    textbook case."""
+    textbook case.  The step's input ``x`` (``input_mb``) is read by ``f0`` (and the
+    loss, with ``loss_reads_input``), never in the backward pass."""
     from tfswap.core.graph import DataflowGraph, Op, Tensor
 
     mb = 1 << 20
@@ -384,13 +391,14 @@ def _forward_backward(n: int = 12):
     for i in range(n):
         ops.append(Op(f"f{i}", "Tanh", (prev,), time_s=1e-5))
         prev = f"f{i}:0"
-    ops.append(Op("loss", "Sum", (prev,), time_s=1e-5))
+    ops.append(Op("loss", "Sum", (prev, "x:0") if loss_reads_input else (prev,), time_s=1e-5))
     grad = "loss:0"
     for i in reversed(range(n)):
         ops.append(Op(f"g{i}", "TanhGrad", (f"f{i}:0", grad), time_s=1e-4))
         grad = f"g{i}:0"
     sizes = {op.name: 8 * mb for op in ops}
     sizes["loss"] = mb
+    sizes["x"] = input_mb * mb
     graph = DataflowGraph.build(ops, [Tensor(f"{k}:0", nbytes=v) for k, v in sizes.items()])
     return graph, [op.name for op in ops if op.type == "Tanh"]
 
@@ -597,3 +605,156 @@ def test_the_fastest_plan_of_the_caps_tried_that_fit_is_kept(monkeypatch, seed, 
                              recomputable=problem.recomputable)
     assert len(fitting) > 1
     assert plan.prediction.step_time_s == pytest.approx(min(fitting))
+
+
+def _checkpoint_reads(cg, prog):
+    """(recomputation, buffer) pairs where the recomputation's ops read a buffer
+    the step no longer holds at its position (a checkpoint)."""
+    from tfswap.core.program import last_uses
+
+    last = last_uses(cg, prog.order)
+    found = []
+    for rec in prog.recomputes:
+        made = {int(x) for op in rec.ops
+                for x in cg.op_out[cg.op_out_ptr[op]:cg.op_out_ptr[op + 1]]}
+        for op in rec.ops:
+            for x in cg.op_in[cg.op_in_ptr[op]:cg.op_in_ptr[op + 1]]:
+                x = int(x)
+                if x not in made and not cg.buf_persistent[x] and 0 <= last[x] < rec.need:
+                    found.append((rec, x))
+    return found
+
+
+@pytest.mark.parametrize("drop_order", byte_planner.DROP_ORDERS)
+def test_a_chain_reads_a_checkpoint_held_until_its_remake(drop_order):
+    """With ``checkpoints``, ``f0`` (8 MB) is dropped and made again in the
+    backward pass from the step's 1 MB input, which the step reads only in the
+    forward pass: the plan holds the input until the remake (gradient
+    checkpointing's trade) where without checkpoints no chain makes ``f0`` (its
+    input comes from a Placeholder, which may not run again) and it is copied.
+    (The input is read by the loss too: a drop is decided while the forward
+    pass runs, and a checkpoint must still be on the device then.)
+    The compiled scan makes the reference's program, both simulators run it
+    alike within the cap, and the plan reads back to the same program."""
+    import dataclasses
+
+    from tfswap.core.planner import default_allocation
+    from tfswap.core.program import from_plan, to_plan_swaps
+    from tfswap.core.simulator import run_program
+    from tests.core.test_native import program_agrees
+
+    spec = dataclasses.replace(SPEC, h2d_bytes_per_s=1e8, d2h_bytes_per_s=1e8,
+                               duplex_bytes_per_s=1.5e8)
+    graph, remakeable = _forward_backward(input_mb=1, loss_reads_input=True)
+    cg = CompiledGraph.build(graph, small_threshold_bytes=0)
+    order = cg.order_of(None)
+    allowed = frozenset(i for i, op in enumerate(graph.ops) if op.name in remakeable)
+    f0 = int(cg.tensor_buffer[[t.name for t in graph.tensors].index("f0:0")])
+    x = int(cg.tensor_buffer[[t.name for t in graph.tensors].index("x:0")])
+    found = 0
+    for cap in range(40 << 20, 100 << 20, 4 << 20):
+        progs = []
+        for reference in (True, False):
+            try:
+                progs.append(byte_planner.build_program(
+                    cg, order, spec, cap, recompute=allowed, drop_order=drop_order,
+                    checkpoints=True, segment_share=1.0, reference=reference))
+            except InfeasibleAllocation as err:
+                progs.append(str(err))
+        assert progs[1] == progs[0], cap
+        prog = progs[0]
+        if isinstance(prog, str):
+            continue
+        held = _checkpoint_reads(cg, prog)
+        if not held:
+            continue
+        found += 1
+        assert {b for _, b in held} == {x}
+        assert any(rec.buf == f0 for rec, _ in held)
+        pool = default_allocation(cg, order, 1 << 62)
+        result = run_program(cg, prog, pool, spec)
+        assert result.peak_bytes <= cap
+        assert program_agrees(cg, prog, pool, spec)
+        swaps, resident = to_plan_swaps(cg, prog)
+        names = [graph.ops[int(o)].name for o in order]
+        assert from_plan(cg, names, swaps, resident) == prog
+        # Without checkpoints f0 has no chain: nothing reads a checkpoint.
+        plain = byte_planner.build_program(cg, order, spec, cap, recompute=allowed,
+                                           drop_order=drop_order, segment_share=1.0)
+        assert not _checkpoint_reads(cg, plain)
+        assert all(r.buf != f0 for r in plain.recomputes)
+    assert found
+
+
+def test_the_simulators_hold_a_checkpoint_until_the_op_its_remake_runs_before():
+    """A recomputation reading a value past the step's last reader of it holds
+    that buffer until the op it runs before ends (then gives it back), in the
+    reference and the compiled simulator alike; without the recomputation the
+    buffer goes after its last reader."""
+    from tfswap.core.program import OutRec, Program, RecomputeRec
+    from tfswap.core.simulator import run_program
+    from tests.core.test_native import program_agrees
+
+    graph, remakeable = _forward_backward(n=4, input_mb=1)
+    cg = CompiledGraph.build(graph, small_threshold_bytes=0)
+    order = tuple(int(o) for o in cg.order_of(None))
+    names = [graph.ops[o].name for o in order]
+    buf = {t.name: int(cg.tensor_buffer[i]) for i, t in enumerate(graph.tensors)}
+    f0, x = buf["f0:0"], buf["x:0"]
+    at = {name: k for k, name in enumerate(names)}
+    op_id = {op.name: i for i, op in enumerate(graph.ops)}
+    resident = tuple(b for b in range(cg.n_buffers) if cg.buf_persistent[b])
+    base = Program(order, resident, (), (), (), ())
+    held = Program(order, resident, (OutRec(f0, at["f1"], False),), (), (),
+                   (RecomputeRec(f0, 0, at["g0"], (op_id["f0"],)),))
+    pool = byte_planner._unlimited_pool(cg, list(order))   # an object for every buffer
+    for prog in (base, held):
+        assert program_agrees(cg, prog, pool, spec=SPEC)
+    events = run_program(cg, held, pool, SPEC, events=True).allocation_events
+    gone = [e for e in events if not e.is_alloc and e.tensor == cg.buf_names[x]]
+    assert len(gone) == 1
+    plain = run_program(cg, base, pool, SPEC, events=True).allocation_events
+    # Held past f0 (its last reader in the step) until g0 (f0's remake's op) ends.
+    assert gone[0].time_s > next(e.time_s for e in plain
+                                  if not e.is_alloc and e.tensor == cg.buf_names[x])
+
+
+# The cases test_the_compiled_scan_holds_the_reference_scans_checkpoints must see
+# a checkpoint in.
+CHECKPOINT_CASES = ("layered", "layered-random12")
+
+
+@pytest.mark.parametrize("name, graph", _scan_cases(), ids=lambda x: x if isinstance(x, str)
+                         else "")
+def test_the_compiled_scan_holds_the_reference_scans_checkpoints(name, graph):
+    """With chains that read checkpoints (``checkpoints``) and segments up to the
+    whole cap, tfswap.core.native's byte scan still makes _ByteScan's program (or
+    its refusal) at every cap, both prefetch rules and drop orders; two of the
+    layered training steps hold some checkpoint at some cap."""
+    spec = _slow_link()
+    cg = CompiledGraph.build(graph)
+    order = cg.order_of(None)
+    peak = byte_planner.plan(graph, 1 << 62, spec, compiled=cg).prediction.peak_bytes
+    everything = frozenset(range(cg.n_ops))
+    compared = refused = held = 0
+    for fraction in (0.15, 0.3, 0.45, 0.6, 0.8):
+        cap = max(1, int(fraction * peak))
+        for lookahead in (None, 2.0):
+            for drop in byte_planner.DROP_ORDERS:
+                for segment_share in (byte_planner.SEGMENT_SHARE, 1.0):
+                    args = dict(lookahead=lookahead, recompute=everything, drop_order=drop,
+                                checkpoints=True, segment_share=segment_share)
+                    got = []
+                    for reference in (True, False):
+                        try:
+                            got.append(byte_planner.build_program(
+                                cg, order, spec, cap, reference=reference, **args))
+                        except InfeasibleAllocation as err:
+                            got.append(str(err))
+                    assert got[1] == got[0], (fraction, lookahead, drop, segment_share)
+                    compared += 1
+                    refused += isinstance(got[0], str)
+                    held += not isinstance(got[0], str) and bool(_checkpoint_reads(cg, got[0]))
+    assert compared > refused
+    if name in CHECKPOINT_CASES:
+        assert held, "some cap should make the scan hold a checkpoint"

@@ -161,6 +161,52 @@ def test_the_rewrite_makes_a_value_again_through_a_buffer_the_step_freed():
         np.testing.assert_array_equal(np.asarray(got[key]), want[key].numpy())
 
 
+def test_a_chain_reading_a_checkpoint_the_step_no_longer_reads_trains_exactly():
+    """A checkpoint (value_chain's ``checkpoints``): the ReLU is made again for
+    the backward pass from its input, which the step itself reads only in the
+    forward pass.  The copy reads the input tensor itself (so TensorFlow keeps it
+    until the copy has run, as the plan holds it), the backward readers read the
+    copy, and the gradients are the unmodified function's, bit for bit."""
+    rng = np.random.default_rng(0)
+    w = tf.Variable(rng.standard_normal((32, 48)).astype(np.float32) * 0.1)
+    v = tf.Variable(rng.standard_normal((48, 16)).astype(np.float32) * 0.1)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            a = tf.nn.relu(tf.matmul(x, w))
+            loss = tf.reduce_sum(tf.square(tf.matmul(a, v)))
+        dw, dv = tape.gradient(loss, [w, v])
+        return {"loss": loss, "dw": dw, "dv": dv}
+
+    captured = capture.capture(step.get_concrete_function(tf.TensorSpec((64, 32))))
+    nodes = {n.name: n for n in captured.graph_def.node}
+    schedule = tuple(n for n in rewrite.topological_order(captured.graph_def)
+                     if nodes[n].op != "Placeholder")
+    relu = next(n for n in schedule if nodes[n].op == "Relu")
+    held = nodes[relu].input[0]
+    readers = [n for n in schedule if relu in [i.partition(":")[0] for i in nodes[n].input]]
+    backward = tuple(n for n in readers if n.startswith("gradient_tape"))
+    forward = [n for n in readers if n not in backward]
+    # The ReLU's input is read by the ReLU alone: the step no longer reads it
+    # when the backward pass needs the ReLU again.
+    assert backward and forward and [n for n in schedule if held.partition(":")[0] in [
+        i.partition(":")[0] for i in nodes[n].input]] == [relu]
+    plan = Plan(schedule=schedule, swaps=(Swap(
+        f"{relu}:0", out_after=forward[-1], in_after="", consumers=backward, kind="recompute",
+        bytes=64 * 48 * 4, ops=(relu,)),))
+    rewritten = rewrite.rewrite(captured, plan, emulate.DEVICE, emulate.HOST)
+    made = {n.name: n for n in rewritten.graph_def.node}
+    clone = next(n for n in made.values() if n.op == "Relu" and n.name != relu)
+    assert clone.input[0] == held
+    assert all(relu not in [i.partition(":")[0] for i in made[n].input] for n in backward)
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    want = step(tf.constant(x))
+    got = runtime.bind(captured, rewritten.graph_def)(x)
+    for key in ("loss", "dw", "dv"):
+        np.testing.assert_array_equal(np.asarray(got[key]), want[key].numpy())
+
+
 def test_a_segment_made_again_forward_trains_exactly():
     """Gradient checkpointing through the byte-cap planner: a deep chain of cheap
     activations on a slow link, planned at 45% of its peak.  The plan drops a

@@ -36,6 +36,14 @@ from tfswap.core.simulator import PlanError, held_peak_bytes
 # leaves the early bytes to the buffers it makes again instead (BERT-base b64 on
 # the simulated V100: 0.816 of ideal against 0.793 after the recomputation pass).
 BYTE_LOOKAHEADS = (None, 4.0)
+# The prefetch rules whose scans also read checkpoints
+# (:data:`tfswap.core.byte_planner.CHECKPOINT_VARIANTS`, where the fastest plan
+# of the others still copies; each plan polished only where it is the fastest
+# as scanned): TF's alone, which on the
+# issue #40 rows (50 MB/s link, 40%) plans as fast as both and keeps the planning
+# time within a few percent (BERT-base b64 on the simulated V100: 0.844 of ideal
+# against 0.811 without checkpoints, 5.7 s -> 6.0 s).
+CHECKPOINT_LOOKAHEADS = (None,)
 # What serves the step's memory, and so what of a plan must fit its budget:
 # "pool", tfswap's pool allocator (a budget arena on a GPU): the plan's pool,
 # laid out; "exact", an allocator that gives each buffer its own bytes
@@ -162,15 +170,35 @@ def byte_planned(problem: Problem, budget_bytes: int, spec: DeviceSpec,
                                               memory="shared" if allocator == "pool" else "live",
                                               lookahead=lookahead,
                                               recomputable=problem.recomputable,
-                                              swaps_alone=lookahead is None)
+                                              swaps_alone=lookahead is None,
+                                              checkpoints=False)
             except Infeasible:
                 continue
-            for plan in found:
+            fastest = min(plan.prediction.step_time_s for plan in found)
+            held = []
+            if lookahead in CHECKPOINT_LOOKAHEADS and problem.recomputable and min(
+                    found, key=lambda p: p.prediction.step_time_s).prediction.swap_out_bytes:
+                # Chains that read checkpoints, where the fastest plan still copies.
+                try:
+                    held = byte_planner.variants(
+                        problem.graph, budget_bytes, spec, schedule=schedule, compiled=cg,
+                        memory="shared" if allocator == "pool" else "live",
+                        lookahead=lookahead, recomputable=problem.recomputable,
+                        swaps_alone=False, checkpoints="only")
+                except Infeasible:
+                    pass
+            for plan in found + held:
                 # The prefetch rules often agree (ResNet-50 b256: 4 distinct plans of 6),
                 # and the pass costs many simulations: each plan is polished once.
                 if (plan.schedule, plan.swaps) in polished:
                     continue
                 polished.add((plan.schedule, plan.swaps))
+                if any(plan is h for h in held) and plan.prediction.step_time_s >= fastest:
+                    # A checkpoint plan no faster than the others as scanned is kept
+                    # as it is: the pass, which makes round trips recomputations, costs
+                    # more there than it ever gained (LSTM-4 at 40%).
+                    candidates.append(plan)
+                    continue
                 try:
                     got = polish(plan)
                 except PlanError as err:   # the plan, read back, is not what was scanned

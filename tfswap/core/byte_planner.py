@@ -50,7 +50,13 @@ position under ``cap_bytes``:
   the parameters and that op's own buffers would pass the cap (found out
   later, the scan failed: BERT-style at 40% on a 50 MB/s link kept no
   recomputation), or, for a segment, where what the remakes at one position
-  make would pass :data:`SEGMENT_SHARE` of the cap.  This
+  make would pass :data:`SEGMENT_SHARE` of the cap.  A drop refused there
+  is tried again at the next position that drops (the remakes planned since
+  can make room for it).  Checkpoints (:data:`CHECKPOINT_VARIANTS`): chains may
+  read a value the step no longer holds where it is, instead of making it
+  again; the scan then holds that buffer past its last reader until the last
+  remake that reads it (``ext``), refuses a drop whose checkpoint is gone
+  already, and never drops a checkpoint itself.  This
   is where recomputation pays: the swap plan is made knowing what was
   dropped (ResNet-50 b512 on a 16 GiB V100: 0.91 of ideal, 0.83 without
   segments, against 0.41 for the same planner copying only; BERT-base b64 on
@@ -115,7 +121,8 @@ RECOMPUTE_SHARES = (0.1, 0.25, 0.5)
 # the whole cost; Inception-V3 b256 on the simulated H100 bf16 at 16 GiB:
 # 0.974 of ideal against 0.957 farthest first).
 DROP_ORDERS = ("farthest", "cheapest")
-# The (share, drop order) pairs :func:`variants` scans.  On the Fig. 6 rows
+# The (share, drop order) pairs :func:`variants` scans (a third item, where
+# given: the variant's segment share, else :data:`SEGMENT_SHARE`).  On the Fig. 6 rows
 # (V100 16 GiB and H100 bf16, 25 rows, TF's order, 2026-11-27) the
 # cheapest-first order never gave the fastest plan at a share above 0.1 where
 # 0.1 did not give one as fast, so it is scanned at 0.1 alone.
@@ -127,6 +134,14 @@ RECOMPUTE_VARIANTS = ((0.1, "farthest"), (0.1, "cheapest"), (0.25, "farthest"),
 # cap less the parameters (kept on the device): the segment is held there at
 # once, and only what it makes for itself leaves after that op.
 SEGMENT_SHARE = 0.25
+# The (share, drop order, segment share) variants scanned again with chains
+# that may read checkpoints (``value_chain``'s ``checkpoints``: a value the step
+# no longer holds, kept on the device until the remake instead of made again).
+# A segment's remakes may then make up to the whole cap (less the parameters)
+# at one position: on the Transformer at 40% of its peak on a 50 MB/s link,
+# 2.34x of ideal against 7.71x without checkpoints (8.19x before them), and
+# 7.15x with checkpoints at SEGMENT_SHARE; BERT-style 13.7x against 14.9x.
+CHECKPOINT_VARIANTS = ((0.1, "cheapest", 1.0),)
 
 
 # Caps guessed from the arena's overhead before the shared arena's cap is
@@ -230,12 +245,13 @@ def _static(cg: CompiledGraph, order) -> _Static:
 
 
 def _chains(cg: CompiledGraph, order: list[int], allowed: frozenset,
-            scratch: bool = False) -> "_Chains":
+            scratch: bool = False, checkpoints: bool = False) -> "_Chains":
     """The :class:`_Chains` of ``order`` for ``allowed`` (its memo shared by every
     scan of that order: a chain depends on the order and the ops alone);
-    ``scratch``: chains may run ops with planned scratch (``value_chain``)."""
-    return _memo(cg, "chains", (_order_key(order), allowed, scratch),
-                 lambda: _Chains(cg, order, allowed, scratch))
+    ``scratch``: chains may run ops with planned scratch; ``checkpoints``: they
+    may read values the step no longer holds (``value_chain``)."""
+    return _memo(cg, "chains", (_order_key(order), allowed, scratch, checkpoints),
+                 lambda: _Chains(cg, order, allowed, scratch, checkpoints))
 
 
 def _with_scratch(cg: CompiledGraph, allowed: frozenset) -> bool:
@@ -248,8 +264,10 @@ class _Chains:
     """The value chains of one order for the ops that may run again, each worked
     out once: every bisection round and every share asks for the same ones."""
 
-    def __init__(self, cg: CompiledGraph, order, allowed: frozenset, scratch: bool = False):
+    def __init__(self, cg: CompiledGraph, order, allowed: frozenset, scratch: bool = False,
+                 checkpoints: bool = False):
         self.cg, self.allowed, self.scratch = cg, allowed, scratch
+        self.checkpoints = checkpoints
         self.index = ChainIndex(cg, order)
         self.memo: dict[tuple[int, int, int], tuple[tuple[int, ...], float] | None] = {}
         self.at_memo: dict[tuple[int, int], tuple[tuple[int, ...], float] | None] = {}
@@ -348,7 +366,8 @@ class _Chains:
         their time; None where none may (:func:`~tfswap.core.recompute.value_chain`)."""
         key = (b, upto, need)
         if key not in self.memo:
-            ops = value_chain(self.cg, self.index, b, upto, need, self.allowed, self.scratch)
+            ops = value_chain(self.cg, self.index, b, upto, need, self.allowed, self.scratch,
+                              self.checkpoints)
             self.memo[key] = (ops, sum(float(self.cg.op_time[op]) for op in ops)) \
                 if ops else None
         return self.memo[key]
@@ -359,9 +378,10 @@ class _ByteScan:
 
     def __init__(self, cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec,
                  lookahead: float | None, margin_s: float, chains: _Chains | None = None,
-                 share: float = RECOMPUTE_SHARES[0], drop_order: str = DROP_ORDERS[0]):
+                 share: float = RECOMPUTE_SHARES[0], drop_order: str = DROP_ORDERS[0],
+                 segment_share: float = SEGMENT_SHARE):
         self.cg, self.order = cg, [int(o) for o in order]
-        self.drop_order = drop_order
+        self.drop_order, self.segment_share = drop_order, segment_share
         # Recomputation (``chains``: None, none): a buffer whose value its ops
         # make again for at most ``share`` of its round trip is dropped and
         # made again instead of copied (see the module doc).
@@ -402,6 +422,9 @@ class _ByteScan:
         self.stamp = [-1] * B
         self.heap = []   # (-next use, last use, buffer, version): the top is Belady's choice
         self.cheap = []  # the same, of buffers cheaper to make again than to move
+        # Entries of ``cheap`` :meth:`_segment` refused at position ``refused_k``:
+        # back in ``cheap`` at the next position that drops.
+        self.refused, self.refused_k = [], -1
         self.chain_of = {}   # buffer -> the ops that make it again at its next use
         # Dropped buffer -> (its drop, the ops that make it again, the position they
         # run before): its next use, or the first remake that reads it, if earlier.
@@ -410,6 +433,12 @@ class _ByteScan:
         # that finds it dropped makes it again first, at its own position).
         self.readers: dict[int, set[int]] = {}
         self.temps_for: set[tuple[int, int]] = set()   # (temporary, the op it is made for)
+        # Checkpoints (chains that read a value the step no longer holds then,
+        # ``value_chain``'s ``checkpoints``): buffer -> the last remake that reads
+        # it (-1: none), held on the device until then; position -> the
+        # checkpoints released there (each where its entry in ``ext`` still says).
+        self.ext = [-1] * B
+        self.ext_release: dict[int, list[int]] = {}
         self.held: dict[int, int] = {}   # position -> the bytes its pending remakes make
         self.outs, self.ins, self.op_waits, self.recs = [], [], [], []
         start = [b for b in range(B) if pers[b]]
@@ -418,7 +447,7 @@ class _ByteScan:
         occ += sum(nb[b] for b in start)
         # What one position's remakes of a segment may make: a share of what the
         # cap leaves after the parameters.
-        self.segment_bytes = int(SEGMENT_SHARE * (self.cap - int(occ[0])))
+        self.segment_bytes = int(self.segment_share * (self.cap - int(occ[0])))
         if occ[0] > self.cap:
             raise InfeasibleAllocation(
                 f"parameters and optimizer state take {int(occ[0])} bytes, more than the cap "
@@ -446,8 +475,14 @@ class _ByteScan:
                     self._hold(b, k)
             for b in both:
                 use(b, k)
+            ext = self.ext
             for b in self.release[k]:
-                if resident[b]:
+                if resident[b] and ext[b] <= k:
+                    resident[b] = False
+                    version[b] += 1
+                    self.lazy -= nb[b]
+            for b in self.ext_release.pop(k, ()):
+                if resident[b] and ext[b] == k:
                     resident[b] = False
                     version[b] += 1
                     self.lazy -= nb[b]
@@ -603,10 +638,19 @@ class _ByteScan:
     def _drop_one(self, k: int) -> bool:
         """Drop the buffer cheaper to make again that comes first in the drop order
         (:data:`DROP_ORDERS`; not one the op at ``k`` uses, nor one :meth:`_segment`
-        refuses); False: none is left.  One the next op reads may go: it is made
+        refuses, which is tried again at the next position that drops); False:
+        none is left.  One the next op reads may go: it is made
         again right before that op, and the positions up to ``k`` are relieved
         (research/exact.py: a normalization and ReLU remade for the op right after
         the peak, where the rule "not needed right after" remade a convolution)."""
+        if self.refused_k < k:
+            # Refused at an earlier position: tried again here, where the remakes
+            # planned since (a segment's readers, what each position holds) can
+            # differ (the Transformer at 40% on a 50 MB/s link: 8.19x -> 7.71x).
+            for ranked in self.refused:
+                heapq.heappush(self.cheap, ranked)
+            self.refused.clear()
+            self.refused_k = k
         skipped, dropped = [], False
         while self.cheap:
             ranked = heapq.heappop(self.cheap)
@@ -619,6 +663,7 @@ class _ByteScan:
                 continue
             remakes = self._segment(b, -entry[0], self.chain_of[b], k)
             if remakes is None:
+                self.refused.append(ranked)
                 continue
             q = self.last_use[b]
             self.resident[b] = False
@@ -643,11 +688,19 @@ class _ByteScan:
                 self.temps_for.update((t, at) for t in made if t != x)
                 for i in inputs:
                     self.readers.setdefault(i, set()).add(x)
+                    if self._checkpoint(i, at) and self.ext[i] < at:
+                        self.ext[i] = at   # held until this remake has run
+                        self.ext_release.setdefault(at, []).append(i)
             dropped = True
             break
         for entry in skipped:
             heapq.heappush(self.cheap, entry)
         return dropped
+
+    def _checkpoint(self, i: int, at: int) -> bool:
+        """Whether a remake at ``at`` reading ``i`` reads a checkpoint: a value the
+        step no longer holds then (only chains with ``checkpoints`` read one)."""
+        return 0 <= self.last[i] < at and self.movable[i]
 
     def _made_bytes(self, made) -> int:
         return sum(self.nbytes[t] for t in made)
@@ -665,6 +718,8 @@ class _ByteScan:
         on through what that reads.  None where one of those chains is None,
         ``b``'s would run at ``k + 1`` or before, or two chains make the same
         temporary for the same op."""
+        if self.ext[b] >= 0:
+            return None   # a checkpoint a remake reads: held, not dropped
         at = min((self.remake[y][2] for y in self.readers.get(b, ())), default=need)
         if at < need:
             if at <= k + 1:
@@ -692,7 +747,12 @@ class _ByteScan:
         temps, freed = set(), set()
         held = {}   # position -> the bytes its remakes make, after this drop
         for x, (at_x, ops_x) in remakes.items():
-            made = self._chain_buffers(ops_x, x, at_x)[0]
+            made, inputs = self._chain_buffers(ops_x, x, at_x)
+            for i in inputs:
+                # A checkpoint must still be on the device (or come back for a
+                # reader of the step) to be held until the remake.
+                if self._checkpoint(i, at_x) and max(self.last[i], self.ext[i]) < k:
+                    return None
             for t in made:
                 if t != x:
                     if (t, at_x) in temps:
@@ -728,13 +788,13 @@ class _ByteScan:
 
 def _scan(cg: CompiledGraph, order, spec: DeviceSpec, cap_bytes: int, lookahead,
           margin_s: float, chains: "_Chains | None", share: float, drop_order: str,
-          reference: bool = False) -> Program:
+          reference: bool = False, segment_share: float = SEGMENT_SHARE) -> Program:
     """One byte-cap scan's program: the compiled scan
     (:func:`tfswap.core.native.byte_scan`), or with ``reference`` the Python one
     (:class:`_ByteScan`), which it follows exactly (tests/core/test_byte_planner.py)."""
     if reference:
         return _ByteScan(cg, order, spec, lookahead, margin_s, chains, share,
-                         drop_order).run(int(cap_bytes))
+                         drop_order, segment_share).run(int(cap_bytes))
     static = _static(cg, order)
     cap = int(cap_bytes)
     if static.start_bytes > cap:
@@ -746,7 +806,7 @@ def _scan(cg: CompiledGraph, order, spec: DeviceSpec, cap_bytes: int, lookahead,
                            chains.native_args(static) if chains is not None else None,
                            share_s_per_byte, drop_order == "cheapest",
                            chains.native_at if chains is not None else None,
-                           int(SEGMENT_SHARE * (cap - static.start_bytes)), static.floor)
+                           int(segment_share * (cap - static.start_bytes)), static.floor)
     if isinstance(got, tuple):
         k, need = got
         op = cg.graph.ops[int(order[k])]
@@ -778,15 +838,20 @@ def _check_lookahead(lookahead) -> None:
 def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_bytes: int, *,
                   lookahead: float | None = None, recency_margin_s: float = 0.0,
                   recompute=frozenset(), recompute_share: float = RECOMPUTE_SHARES[0],
-                  drop_order: str = DROP_ORDERS[0], reference: bool = False) -> Program:
+                  drop_order: str = DROP_ORDERS[0], reference: bool = False,
+                  checkpoints: bool = False, segment_share: float = SEGMENT_SHARE) -> Program:
     """The swap program for ``order`` with at most ``cap_bytes`` of pool buffers
     planned at any position (module docstring).  Raises
     :class:`~tfswap.core.planner.InfeasibleAllocation` when an op's own buffers or
     the parameters do not fit.  ``recompute``: op ids that may run again;
     ``recompute_share``: a buffer whose ops take at most this share of its
     round trip's copy time is dropped and made again instead of copied, in
-    ``drop_order`` (one of :data:`DROP_ORDERS`).  ``reference``: scan in Python
-    (what the compiled scan is tested against).
+    ``drop_order`` (one of :data:`DROP_ORDERS`).  ``checkpoints``: chains may
+    read checkpoints (values the step no longer holds, held until the remake:
+    :func:`~tfswap.core.recompute.value_chain`); ``segment_share``: what the
+    remakes at one position of a segment may make, of the cap less the
+    parameters (:data:`SEGMENT_SHARE`).  ``reference``: scan in Python (what the
+    compiled scan is tested against).
 
     Example::
 
@@ -800,9 +865,10 @@ def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_by
                          f"{recompute_share!r}")
     if drop_order not in DROP_ORDERS:
         raise ValueError(f"drop_order must be one of {DROP_ORDERS}, got {drop_order!r}")
-    chains = _chains(cg, [int(o) for o in order], frozenset(recompute)) if recompute else None
+    chains = _chains(cg, [int(o) for o in order], frozenset(recompute),
+                     checkpoints=checkpoints) if recompute else None
     return _scan(cg, order, spec, int(cap_bytes), lookahead, recency_margin_s, chains,
-                 recompute_share, drop_order, reference)
+                 recompute_share, drop_order, reference, segment_share)
 
 
 def _unlimited_pool(cg, order) -> Allocation:
@@ -864,13 +930,18 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
              schedule: Sequence[str] | None = None, keep: Sequence[str] = (),
              compiled: CompiledGraph | None = None, small_threshold_bytes: int = 1 << 20,
              memory: str = "live", lookahead: float | None = None, rounds: int = 12,
-             recomputable=(), swaps_alone: bool = True) -> list[Plan]:
+             recomputable=(), swaps_alone: bool = True,
+             checkpoints: bool | str = True) -> list[Plan]:
     """Every plan :func:`plan` chooses from (arguments as there): without
     recomputation (unless ``swaps_alone`` is False and ``recomputable`` names
     ops), and with it at each of :data:`RECOMPUTE_VARIANTS` when ``recomputable``
     names ops (twice where one of them has planned scratch: with chains that
-    run such ops and without).  For a caller that improves each further before
-    choosing (the shared search's recomputation pass).  Raises
+    run such ops and without), and, with ``checkpoints`` and where the fastest
+    of those still copies, at each of :data:`CHECKPOINT_VARIANTS` with chains
+    that read checkpoints (and run ops with planned scratch where some have it);
+    ``checkpoints="only"``: those alone, whatever the others plan.  For a
+    caller that improves each further before choosing (the shared search's
+    recomputation pass).  Raises
     :class:`~tfswap.core.infeasible.InfeasibleAllocation` when none fits.
 
     Example::
@@ -905,33 +976,55 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     # The variants' scans often make the same program (a recomputing one that
     # dropped nothing at some cap): each program is simulated once.
     simulated = {}
-    tries = [(None, 1.0, DROP_ORDERS[0])] if swaps_alone or not chains else []
-    tries += [(c, s, d) for c in (chains, wide) if c for s, d in RECOMPUTE_VARIANTS]
-    for choice, share, drop_order in tries:
-        try:
-            plans.append(_plan_in(graph, cg, order, room, budget_bytes, spec, choice, share,
-                                  memory=memory, lookahead=lookahead, rounds=rounds,
-                                  drop_order=drop_order, simulated=simulated))
-        except InfeasibleAllocation as err:
-            refused = err
-        except PlanError as err:   # the scan planned what the simulator cannot run
-            warnings.warn(f"byte planner: a plan with recomputation (share {share}) was "
-                          f"rejected by the simulator ({err}); kept the others. This is a "
-                          "planner bug: please report it with the graph", RuntimeWarning,
-                          stacklevel=2)
+    tries = [(None, 1.0, DROP_ORDERS[0], SEGMENT_SHARE)] if swaps_alone or not chains else []
+    tries += [(c, *v[:2], v[2] if len(v) > 2 else SEGMENT_SHARE)
+              for c in (chains, wide) if c for v in RECOMPUTE_VARIANTS]
+    if checkpoints == "only":
+        tries = []
+    for choice, share, drop_order, segment_share in tries:
+        refused = _try(plans, refused, graph, cg, order, room, budget_bytes, spec, choice,
+                       share, memory=memory, lookahead=lookahead, rounds=rounds,
+                       drop_order=drop_order, simulated=simulated, segment_share=segment_share)
+    # Checkpoints where the fastest plan so far still copies (a plan that moves
+    # nothing has no copy for them to save; their chains cost planning time).
+    if allowed and (checkpoints == "only" or checkpoints and (not plans or min(
+            plans, key=lambda p: p.prediction.step_time_s).prediction.swap_out_bytes)):
+        held = _chains(cg, [int(o) for o in order], allowed, scratch=wide is not None,
+                       checkpoints=True)
+        for v in CHECKPOINT_VARIANTS:
+            refused = _try(plans, refused, graph, cg, order, room, budget_bytes, spec, held,
+                           v[0], memory=memory, lookahead=lookahead, rounds=rounds,
+                           drop_order=v[1], simulated=simulated,
+                           segment_share=v[2] if len(v) > 2 else SEGMENT_SHARE)
     if not plans:
-        raise refused
+        raise refused or InfeasibleAllocation("no variant to scan")
     return plans
 
 
+def _try(plans: list, refused, *args, **kwargs):
+    """:func:`_plan_in` of one variant appended to ``plans``; the refusal to raise
+    where no variant plans (``refused`` where this one plans)."""
+    try:
+        plans.append(_plan_in(*args, **kwargs))
+    except InfeasibleAllocation as err:
+        return err
+    except PlanError as err:   # the scan planned what the simulator cannot run
+        warnings.warn(f"byte planner: a plan with recomputation (share {args[7]}) was "
+                      f"rejected by the simulator ({err}); kept the others. This is a "
+                      "planner bug: please report it with the graph", RuntimeWarning,
+                      stacklevel=3)
+    return refused
+
+
 def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memory, lookahead,
-             rounds, drop_order=DROP_ORDERS[0], simulated=None):
+             rounds, drop_order=DROP_ORDERS[0], simulated=None, segment_share=SEGMENT_SHARE):
     """The plan of one variant; ``simulated``: program -> (result, pool) of the
     programs simulated already (filled in)."""
     simulated = {} if simulated is None else simulated
 
     def attempt(cap):
-        prog = _scan(cg, order, spec, int(cap), lookahead, 0.0, chains, share, drop_order)
+        prog = _scan(cg, order, spec, int(cap), lookahead, 0.0, chains, share, drop_order,
+                     segment_share=segment_share)
         got = simulated.get(prog)
         if got is None:
             got = simulated[prog] = _simulated(cg, order, prog, spec, memory == "shared")

@@ -103,7 +103,8 @@ class ChainIndex:
 
 
 def value_chain(cg, index: ChainIndex, b: int, upto: int, need: int,
-                allowed=None, scratch: bool = False) -> tuple[int, ...] | None:
+                allowed=None, scratch: bool = False,
+                checkpoints: bool = False) -> tuple[int, ...] | None:
     """The ops, in order, that make buffer ``b``'s value as of position ``upto``
     again right before position ``need``: ``b``'s own (:meth:`ChainIndex.value_ops`)
     and, where one reads a value the step no longer holds at ``need``, that
@@ -115,7 +116,16 @@ def value_chain(cg, index: ChainIndex, b: int, upto: int, need: int,
     (op ids; None: any), makes a buffer the step holds that has no fresh copy,
     reads both a buffer's value on the device and the older one it makes again,
     or, unless ``scratch``, has scratch worth planning (with ``scratch`` that is
-    made again too, held like the chain's other buffers while it runs)."""
+    made again too, held like the chain's other buffers while it runs).
+
+    ``checkpoints``: a value the step no longer holds at ``need`` is read where
+    it is instead of made again, when it is its buffer's only value (no view,
+    nothing written in place) and may be moved: a *checkpoint*, which the plan
+    then holds past its last reader in the step until the chain has run
+    (gradient checkpointing's trade, Chen et al.; the byte-cap planner's scan
+    counts it, :meth:`tfswap.core.byte_planner._ByteScan._segment`, and the
+    simulator keeps it for the chain, :func:`tfswap.core.program.checkpoint_reads`).
+    TensorFlow keeps it too: the chain's copies read the tensor itself."""
     graph = cg.graph
     ops = set(index.value_ops(cg, b, upto))
     if not ops:
@@ -139,6 +149,9 @@ def value_chain(cg, index: ChainIndex, b: int, upto: int, need: int,
                 continue
             if index.last_use[x] >= need and fresh[x] < 0:
                 return None
+            if checkpoints and index.last_use[x] < need and len(index.members[x]) == 1 \
+                    and not cg.buf_pinned[x]:
+                continue
             more = [p for p in index.value_ops(cg, x, index.made_at[i]) if p not in ops]
             ops.update(more)
             todo += more

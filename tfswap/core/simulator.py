@@ -403,6 +403,19 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
             last[b] = k
         for b in allocs[k]:
             last[b] = k
+    # A checkpoint (a value a recomputation reads after the step's last reader:
+    # value_chain's ``checkpoints``) is held until that recomputation's op ends.
+    held_for = [[] for _ in range(n)]
+    for r in prog.recomputes:
+        made = {r.buf}
+        fresh = copies[r]
+        for p in chain[r]:
+            for b in op_in[in_ptr[p]:in_ptr[p + 1]]:
+                b = fresh.get(b, b)
+                if b not in made and 0 <= last[b] < r.need and not pers[b] and not kept[b]:
+                    last[b] = r.need
+                    held_for[r.need].append(b)
+            made.update(fresh.get(b, b) for b in op_out[out_ptr[p]:out_ptr[p + 1]])
 
     op_done = [False] * n
     in_done = [False] * len(ins)
@@ -734,6 +747,9 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
                 give(outs[j].buf, te)
             for b in temps_of[kc]:
                 give(b, te)
+            for b in held_for[kc]:
+                if last[b] == kc and b in arrived:
+                    give(b, te)
             if issuing:
                 let_go(after_op[kc])
                 for j in drops_of[kc]:

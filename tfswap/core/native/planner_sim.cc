@@ -308,6 +308,9 @@ struct Program {
   // Per recomputation, (buffer, its fresh copy) pairs from rec_fresh[2 * rec_fresh_ptr[i]]:
   // a buffer the step still holds that the chain makes again in the copy instead.
   std::vector<int> rec_fresh_ptr, rec_fresh;
+  // Per position, the checkpoints released when its op ends (empty: none): a
+  // value a recomputation before it reads after the step's last reader.
+  std::vector<std::vector<int>> held_for;
 };
 
 // canonical(): stream order and renumbering, as in program.py.
@@ -542,6 +545,9 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
       }
       for (int i = drop_ptr[kc]; i < drop_ptr[kc + 1]; ++i) give(p.outs[drops[i]].buf);
       if (!temps.empty()) for (int b : temps[kc]) give(b);
+      if (!p.held_for.empty())
+        for (int b : p.held_for[kc])
+          if (last[b] == kc && where[b] != 0) give(b);
       c_run = false;
       kc++;
     }
@@ -703,6 +709,30 @@ int tfswap_simulate_program(
     for (int i = in_ptr[o]; i < in_ptr[o + 1]; ++i) last[in[i]] = k;
     for (int i = out_ptr[o]; i < out_ptr[o + 1]; ++i) last[out[i]] = k;
   }
+  // A checkpoint (the reference's held_for) is held until the op of the
+  // recomputation that reads it ends.
+  for (int ri = 0; ri < n_recs; ++ri) {
+    int need = p.rec_need[ri];
+    std::vector<int> made{p.rec_buf[ri]};
+    auto copy_of = [&](int b) {
+      for (int f = p.rec_fresh_ptr[ri]; f < p.rec_fresh_ptr[ri + 1]; ++f)
+        if (p.rec_fresh[2 * f] == b) return p.rec_fresh[2 * f + 1];
+      return b;
+    };
+    for (int q = p.rec_ptr[ri]; q < p.rec_ptr[ri + 1]; ++q) {
+      int op = p.rec_ops[q];
+      for (int i = in_ptr[op]; i < in_ptr[op + 1]; ++i) {
+        int b = copy_of(in[i]);
+        if (std::find(made.begin(), made.end(), b) == made.end() && last[b] >= 0 &&
+            last[b] < need && !persistent[b] && !kept[b]) {
+          last[b] = need;
+          if (p.held_for.empty()) p.held_for.resize(n_ops);
+          p.held_for[need].push_back(b);
+        }
+      }
+      for (int i = out_ptr[op]; i < out_ptr[op + 1]; ++i) made.push_back(copy_of(out[i]));
+    }
+  }
   std::vector<AllocEvent> events;
   SimOut s = simulate(g, order, buf_class, n_classes, class_count, class_bytes, small_pool_bytes,
                       p, last, h2d_bw, d2h_bw, duplex_bw, copy_latency, copies_on_compute != 0,
@@ -855,6 +885,12 @@ struct ByteScan {
   std::vector<std::vector<int>> readers;   // buffer -> the dropped buffers whose chains read it
   std::vector<int64_t> held;               // position -> the bytes its pending remakes make
   std::vector<BEntry> heap, cheap;
+  std::vector<BEntry> refused;   // refused by segment() at refused_k: back at the next k
+  int refused_k = -1;
+  // _ByteScan.ext and ext_release: checkpoints held until the last remake that
+  // reads them, and the checkpoints each position releases.
+  std::vector<int> ext;
+  std::vector<std::vector<int>> ext_release;
   std::vector<int64_t> temps_for;  // sorted keys t * (never + 1) + need
   std::vector<BOut> outs;
   std::vector<BIn> ins;
@@ -996,7 +1032,15 @@ struct ByteScan {
     return j;
   }
 
+  // _ByteScan._checkpoint.
+  bool checkpoint(int i, int at) const { return last[i] >= 0 && last[i] < at && movable[i]; }
+
   bool drop_one(int k) {
+    if (refused_k < k) {
+      for (const BEntry& e : refused) push(cheap, e);
+      refused.clear();
+      refused_k = k;
+    }
     std::vector<BEntry> skipped;
     bool dropped = false;
     while (!cheap.empty()) {
@@ -1008,7 +1052,10 @@ struct ByteScan {
         continue;
       }
       std::vector<BRemake> remakes;
-      if (!segment(b, (int)(-entry.nneed), entry.chain, k, remakes)) continue;
+      if (!segment(b, (int)(-entry.nneed), entry.chain, k, remakes)) {
+        refused.push_back(entry);
+        continue;
+      }
       int q = last_use[b];
       resident[b] = 0;
       ++version[b];
@@ -1038,6 +1085,10 @@ struct ByteScan {
         for (const int32_t* i = inp_b(r.chain); i != inp_e(r.chain); ++i) {
           std::vector<int>& rd = readers[*i];
           if (std::find(rd.begin(), rd.end(), x) == rd.end()) rd.push_back(x);
+          if (checkpoint(*i, r.at) && ext[*i] < r.at) {
+            ext[*i] = r.at;
+            ext_release[r.at].push_back(*i);
+          }
         }
       }
       dropped = true;
@@ -1050,6 +1101,7 @@ struct ByteScan {
   // _ByteScan._segment: the remakes dropping b at k sets (false: it may not be
   // dropped); remakes in the reference dict's order (first insertion).
   bool segment(int b, int need, int ch, int k, std::vector<BRemake>& remakes) {
+    if (ext[b] >= 0) return false;   // a checkpoint a remake reads: held, not dropped
     int at = need;
     if (!readers[b].empty()) {
       at = INT_MAX;
@@ -1101,6 +1153,8 @@ struct ByteScan {
     };
     for (const BRemake& r : remakes) {
       int x = r.buf;
+      for (const int32_t* i = inp_b(r.chain); i != inp_e(r.chain); ++i)
+        if (checkpoint(*i, r.at) && std::max(last[*i], ext[*i]) < k) return false;
       for (const int32_t* m = made_b(r.chain); m != made_e(r.chain); ++m) {
         if (*m == x) continue;
         int64_t key = (int64_t)*m * (never + 1) + r.at;
@@ -1247,6 +1301,8 @@ struct ByteScan {
     remake_drop.assign(B, -1);
     remake_chain.assign(B, -1);
     remake_at.assign(B, -1);
+    ext.assign(B, -1);
+    ext_release.assign(n + 1, {});
     readers.assign(B, {});
     held.assign(n + 1, 0);
     cb_buf.assign(2 * (size_t)B + 2, 0);
@@ -1273,7 +1329,14 @@ struct ByteScan {
       for (int i = alloc_ptr[k]; i < alloc_ptr[k + 1]; ++i) use(allocs[i], k);
       for (int i = rel_ptr[k]; i < rel_ptr[k + 1]; ++i) {
         int b = rels[i];
-        if (resident[b]) {
+        if (resident[b] && ext[b] <= k) {
+          resident[b] = 0;
+          ++version[b];
+          lazy -= nb[b];
+        }
+      }
+      for (int b : ext_release[k]) {
+        if (resident[b] && ext[b] == k) {
           resident[b] = 0;
           ++version[b];
           lazy -= nb[b];
