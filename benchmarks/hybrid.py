@@ -3,7 +3,7 @@ step, swap-only plans and ``tf.recompute_grad``.
 
     .venv/bin/python benchmarks/hybrid.py [--models cnn,bert,resnet50] [--fractions 0.6]
         [--plans swap-only,hybrid] [--checkpoint] [--link-bandwidth 50e6]
-        [--parameters device] [--generations 5] [--runs 5] [--rounds 3]
+        [--parameters device] [--generations 5 | --search-default] [--runs 5] [--rounds 3]
         [--planner tfswap.ga] [--out benchmarks/out/hybrid.csv]
     # issue #40, second criterion: the default planner at 60% and 40%
     .venv/bin/python benchmarks/hybrid.py --models cnn,bert,transformer,lstm4 \
@@ -14,7 +14,9 @@ the plans of ``--plans`` from ``tfswap.optimize(...,
 device_spec=cpu_emulated(link_bytes_per_s=B))``: ``swap-only``
 (``recompute=False``) and ``hybrid`` (``recompute=True``, optimize's default);
 ``--planner`` is passed to optimize only when given (without it: the default
-planner, the fastest of them all).  Each is rewritten with the same emulated
+planner, the fastest of them all); ``--search-default``: the search as optimize
+runs it by default (``search_time``, its worker threads) instead of
+``--generations`` on one thread.  Each is rewritten with the same emulated
 link (``rewrite(..., emulated_link_bytes_per_s=B)``: a copy completes when a
 link of B bytes/s each way would have moved it) and measured: the median of
 ``--runs`` traced runs, the plans alternating ``--rounds`` times with the
@@ -103,8 +105,9 @@ def run(name: str, fraction: float, args) -> list[dict]:
     for plan in args.plans:
         step = MODELS[name]()
         try:
-            fast = tfswap.optimize(step.concrete_fn, budget, generations=args.generations,
-                                   seed=0, workers=1, inputs=step.batch,
+            search = {} if args.search_default else dict(generations=args.generations, workers=1)
+            fast = tfswap.optimize(step.concrete_fn, budget, **search,
+                                   seed=0, inputs=step.batch,
                                    parameters=args.parameters, recompute=plan == "hybrid",
                                    device_spec=cpu_emulated(
                                        link_bytes_per_s=args.link_bandwidth), **options)
@@ -201,6 +204,9 @@ def main() -> None:
     parser.add_argument("--link-bandwidth", type=float, default=50e6)
     parser.add_argument("--parameters", default="device", choices=("device", "auto", "host"))
     parser.add_argument("--generations", type=int, default=5)
+    parser.add_argument("--search-default", action="store_true",
+                        help="search as optimize does by default (its search_time and "
+                             "workers) instead of --generations on one thread")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--planner", default=None,
