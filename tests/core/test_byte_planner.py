@@ -403,6 +403,18 @@ def _forward_backward(n: int = 12, input_mb: int = 8, loss_reads_input: bool = F
     return graph, [op.name for op in ops if op.type == "Tanh"]
 
 
+def _both_scans(cg, order, spec, cap, **args) -> list:
+    """The Python reference scan's and the native scan's program (or refusal) at ``cap``."""
+    got = []
+    for reference in (True, False):
+        try:
+            got.append(byte_planner.build_program(cg, order, spec, cap, reference=reference,
+                                                  **args))
+        except InfeasibleAllocation as err:
+            got.append(str(err))
+    return got
+
+
 def _segments(cg, prog):
     """(reader, read) pairs of recomputations at one position where the reader's
     ops read the other's buffer."""
@@ -495,15 +507,9 @@ def test_the_compiled_scan_remakes_the_reference_scans_segments():
         for share in byte_planner.RECOMPUTE_SHARES:
             for drop in byte_planner.DROP_ORDERS:
                 for lookahead in (None, 2.0):
-                    args = dict(lookahead=lookahead, recompute=allowed,
-                                recompute_share=share, drop_order=drop)
-                    got = []
-                    for reference in (True, False):
-                        try:
-                            got.append(byte_planner.build_program(
-                                cg, order, spec, cap, reference=reference, **args))
-                        except InfeasibleAllocation as err:
-                            got.append(str(err))
+                    got = _both_scans(cg, order, spec, cap, lookahead=lookahead,
+                                      recompute=allowed, recompute_share=share,
+                                      drop_order=drop)
                     assert got[1] == got[0], (cap, share, drop, lookahead)
                     compared += 1
                     segmented += not isinstance(got[0], str) and bool(_segments(cg, got[0]))
@@ -653,14 +659,8 @@ def test_a_chain_reads_a_checkpoint_held_until_its_remake(drop_order):
     x = int(cg.tensor_buffer[[t.name for t in graph.tensors].index("x:0")])
     found = 0
     for cap in range(40 << 20, 100 << 20, 4 << 20):
-        progs = []
-        for reference in (True, False):
-            try:
-                progs.append(byte_planner.build_program(
-                    cg, order, spec, cap, recompute=allowed, drop_order=drop_order,
-                    checkpoints=True, segment_share=1.0, reference=reference))
-            except InfeasibleAllocation as err:
-                progs.append(str(err))
+        progs = _both_scans(cg, order, spec, cap, recompute=allowed, drop_order=drop_order,
+                            checkpoints=True, segment_share=1.0)
         assert progs[1] == progs[0], cap
         prog = progs[0]
         if isinstance(prog, str):
@@ -742,15 +742,9 @@ def test_the_compiled_scan_holds_the_reference_scans_checkpoints(name, graph):
         for lookahead in (None, 2.0):
             for drop in byte_planner.DROP_ORDERS:
                 for segment_share in (byte_planner.SEGMENT_SHARE, 1.0):
-                    args = dict(lookahead=lookahead, recompute=everything, drop_order=drop,
-                                checkpoints=True, segment_share=segment_share)
-                    got = []
-                    for reference in (True, False):
-                        try:
-                            got.append(byte_planner.build_program(
-                                cg, order, spec, cap, reference=reference, **args))
-                        except InfeasibleAllocation as err:
-                            got.append(str(err))
+                    got = _both_scans(cg, order, spec, cap, lookahead=lookahead,
+                                      recompute=everything, drop_order=drop,
+                                      checkpoints=True, segment_share=segment_share)
                     assert got[1] == got[0], (fraction, lookahead, drop, segment_share)
                     compared += 1
                     refused += isinstance(got[0], str)

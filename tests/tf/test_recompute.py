@@ -327,6 +327,8 @@ def test_a_recomputation_waits_for_the_swap_out_whose_memory_its_op_waits_for():
     got = runtime.bind(captured, rewritten.graph_def)(x)
     for key in ("loss", "grad"):
         np.testing.assert_array_equal(np.asarray(got[key]), want[key].numpy())
+
+
 def _gates_step():
     """An LSTM cell in small: two matrix products, their sum, a bias, the four
     gates split along the inner axis, and their gradients."""
