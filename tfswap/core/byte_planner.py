@@ -409,7 +409,7 @@ class _ByteScan:
 
     def run(self, cap_bytes: int) -> Program:
         n, B = self.n, self.cg.n_buffers
-        nb, pers, kept = self.nbytes, self.pers, self.kept
+        nb, pers = self.nbytes, self.pers
         # occ[k]: bytes planned on the device while the op at position k runs.
         self.occ = occ = np.zeros(n + 1, dtype=np.int64)
         self.cap = int(cap_bytes)
