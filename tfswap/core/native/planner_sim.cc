@@ -885,6 +885,7 @@ struct ByteScan {
   std::vector<std::vector<int>> readers;   // buffer -> the dropped buffers whose chains read it
   std::vector<int64_t> held;               // position -> the bytes its pending remakes make
   std::vector<BEntry> heap, cheap;
+  bool retry = false;            // _ByteScan.retry
   std::vector<BEntry> refused;   // refused by segment() at refused_k: back at the next k
   int refused_k = -1;
   // _ByteScan.ext and ext_release: checkpoints held until the last remake that
@@ -1036,7 +1037,7 @@ struct ByteScan {
   bool checkpoint(int i, int at) const { return last[i] >= 0 && last[i] < at && movable[i]; }
 
   bool drop_one(int k) {
-    if (refused_k < k) {
+    if (retry && refused_k < k) {
       for (const BEntry& e : refused) push(cheap, e);
       refused.clear();
       refused_k = k;
@@ -1053,7 +1054,7 @@ struct ByteScan {
       }
       std::vector<BRemake> remakes;
       if (!segment(b, (int)(-entry.nneed), entry.chain, k, remakes)) {
-        refused.push_back(entry);
+        if (retry) refused.push_back(entry);
         continue;
       }
       int q = last_use[b];
@@ -1367,7 +1368,8 @@ int tfswap_byte_scan(
     int has_chains, const int32_t* slot_chain, const double* chain_time,
     const int32_t* made_ptr, const int32_t* made, const int32_t* inp_ptr, const int32_t* inp,
     double share_s_per_byte, int cheapest, int n_chains, ChainAtFn chain_at,
-    int64_t segment_bytes, const int64_t* floor, int64_t* fail, int64_t* sizes_out) {
+    int64_t segment_bytes, const int64_t* floor, int retry, int64_t* fail,
+    int64_t* sizes_out) {
   delete g_last_scan;
   g_last_scan = nullptr;
   ByteScan* s = new ByteScan();
@@ -1382,6 +1384,7 @@ int tfswap_byte_scan(
   s->share_s_per_byte = share_s_per_byte; s->cheapest = cheapest != 0;
   s->n_chains = n_chains; s->chain_at_fn = chain_at; s->segment_bytes = segment_bytes;
   s->floor_at = floor;
+  s->retry = retry != 0;
   if (!s->run(start, n_start, start_bytes)) {
     fail[0] = s->fail_k;
     fail[1] = s->fail_bytes;
