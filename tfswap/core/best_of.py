@@ -42,11 +42,7 @@ BYTE_LOOKAHEADS = (None, 4.0)
 # as scanned): TF's alone, which on the
 # issue #40 rows (50 MB/s link, 40%) plans as fast as both and keeps the planning
 # time within a few percent (BERT-base b64 on the simulated V100: 0.844 of ideal
-# against 0.811 without checkpoints, 5.7 s -> 6.0 s).  Only with the "exact"
-# allocator, where optimize measures the plan and plans again if it is over:
-# unmeasured, one random step in about 250 measured 4-10% over its budget with
-# them (benchmarks/fuzz.py --verify-rounds 0, seeds 8000-8499, three runs: seeds
-# 8174, 8245, 8040; none repeated) and none without (four runs).
+# against 0.811 without checkpoints, 5.7 s -> 6.0 s).
 CHECKPOINT_LOOKAHEADS = (None,)
 # What serves the step's memory, and so what of a plan must fit its budget:
 # "pool", tfswap's pool allocator (a budget arena on a GPU): the plan's pool,
@@ -180,8 +176,7 @@ def byte_planned(problem: Problem, budget_bytes: int, spec: DeviceSpec,
                 continue
             fastest = min(plan.prediction.step_time_s for plan in found)
             held = []
-            if lookahead in CHECKPOINT_LOOKAHEADS and allocator == "exact" \
-                    and problem.recomputable and min(
+            if lookahead in CHECKPOINT_LOOKAHEADS and problem.recomputable and min(
                     found, key=lambda p: p.prediction.step_time_s).prediction.swap_out_bytes:
                 # Chains that read checkpoints, where the fastest plan still copies.
                 try:
