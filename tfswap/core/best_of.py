@@ -161,39 +161,35 @@ def byte_planned(problem: Problem, budget_bytes: int, spec: DeviceSpec,
             continue
         seen.add(order)
         for lookahead in BYTE_LOOKAHEADS:
+            scan = dict(schedule=schedule, compiled=cg, lookahead=lookahead,
+                        memory="shared" if allocator == "pool" else "live",
+                        recomputable=problem.recomputable)
             try:
                 # The plan without recomputation is scanned with TF's prefetch
                 # only: with the later one it never was the fastest on the Fig. 6
                 # rows (V100 and H100 bf16, 2026-11-27).
-                found = byte_planner.variants(problem.graph, budget_bytes, spec,
-                                              schedule=schedule, compiled=cg,
-                                              memory="shared" if allocator == "pool" else "live",
-                                              lookahead=lookahead,
-                                              recomputable=problem.recomputable,
-                                              swaps_alone=lookahead is None,
-                                              checkpoints=False)
+                found = byte_planner.variants(problem.graph, budget_bytes, spec, **scan,
+                                              swaps_alone=lookahead is None, checkpoints=False)
             except Infeasible:
                 continue
-            fastest = min(plan.prediction.step_time_s for plan in found)
+            fastest = min(found, key=lambda p: p.prediction.step_time_s)
             held = []
-            if lookahead in CHECKPOINT_LOOKAHEADS and problem.recomputable and min(
-                    found, key=lambda p: p.prediction.step_time_s).prediction.swap_out_bytes:
+            if lookahead in CHECKPOINT_LOOKAHEADS and problem.recomputable \
+                    and fastest.prediction.swap_out_bytes:
                 # Chains that read checkpoints, where the fastest plan still copies.
                 try:
-                    held = byte_planner.variants(
-                        problem.graph, budget_bytes, spec, schedule=schedule, compiled=cg,
-                        memory="shared" if allocator == "pool" else "live",
-                        lookahead=lookahead, recomputable=problem.recomputable,
-                        swaps_alone=False, checkpoints="only")
+                    held = byte_planner.variants(problem.graph, budget_bytes, spec, **scan,
+                                                 swaps_alone=False, checkpoints="only")
                 except Infeasible:
                     pass
-            for plan in found + held:
+            for plan, checkpointed in [(p, False) for p in found] + [(p, True) for p in held]:
                 # The prefetch rules often agree (ResNet-50 b256: 4 distinct plans of 6),
                 # and the pass costs many simulations: each plan is polished once.
                 if (plan.schedule, plan.swaps) in polished:
                     continue
                 polished.add((plan.schedule, plan.swaps))
-                if any(plan is h for h in held) and plan.prediction.step_time_s >= fastest:
+                if checkpointed and \
+                        plan.prediction.step_time_s >= fastest.prediction.step_time_s:
                     # A checkpoint plan no faster than the others as scanned is kept
                     # as it is: the pass, which makes round trips recomputations, costs
                     # more there than it ever gained (LSTM-4 at 40%).

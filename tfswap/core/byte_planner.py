@@ -50,13 +50,13 @@ position under ``cap_bytes``:
   the parameters and that op's own buffers would pass the cap (found out
   later, the scan failed: BERT-style at 40% on a 50 MB/s link kept no
   recomputation), or, for a segment, where what the remakes at one position
-  make would pass :data:`SEGMENT_SHARE` of the cap.  A drop refused there
-  is tried again at the next position that drops (the remakes planned since
-  can make room for it).  Checkpoints (:data:`CHECKPOINT_VARIANTS`): chains may
-  read a value the step no longer holds where it is, instead of making it
-  again; the scan then holds that buffer past its last reader until the last
-  remake that reads it (``ext``), refuses a drop whose checkpoint is gone
-  already, and never drops a checkpoint itself.  This
+  make would pass :data:`SEGMENT_SHARE` of the cap.  Checkpoints
+  (:data:`CHECKPOINT_VARIANTS`): chains may read a value the step no longer
+  holds where it is, instead of making it again; the scan then holds that
+  buffer past its last reader until the last remake that reads it (``ext``),
+  refuses a drop whose checkpoint is gone already, never drops a checkpoint
+  itself, and tries a drop refused at one position again at the next that
+  drops (the remakes planned since can make room for it).  This
   is where recomputation pays: the swap plan is made knowing what was
   dropped (ResNet-50 b512 on a 16 GiB V100: 0.91 of ideal, 0.83 without
   segments, against 0.41 for the same planner copying only; BERT-base b64 on
@@ -981,44 +981,42 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     # The variants' scans often make the same program (a recomputing one that
     # dropped nothing at some cap): each program is simulated once.
     simulated = {}
-    tries = [(None, 1.0, DROP_ORDERS[0], SEGMENT_SHARE)] if swaps_alone or not chains else []
-    tries += [(c, *v[:2], v[2] if len(v) > 2 else SEGMENT_SHARE)
-              for c in (chains, wide) if c for v in RECOMPUTE_VARIANTS]
-    if checkpoints == "only":
-        tries = []
-    for choice, share, drop_order, segment_share in tries:
-        refused = _try(plans, refused, graph, cg, order, room, budget_bytes, spec, choice,
-                       share, memory=memory, lookahead=lookahead, rounds=rounds,
-                       drop_order=drop_order, simulated=simulated, segment_share=segment_share)
+    tries = []   # (chains, share, drop order, segment share)
+    if checkpoints != "only":
+        if swaps_alone or not chains:
+            tries.append((None, 1.0, DROP_ORDERS[0], SEGMENT_SHARE))
+        tries += [(c, share, drop_order, SEGMENT_SHARE) for c in (chains, wide) if c
+                  for share, drop_order in RECOMPUTE_VARIANTS]
+
+    def scan(tried) -> None:
+        nonlocal refused
+        choice, share, drop_order, segment_share = tried
+        try:
+            plans.append(_plan_in(graph, cg, order, room, budget_bytes, spec, choice, share,
+                                  memory=memory, lookahead=lookahead, rounds=rounds,
+                                  drop_order=drop_order, simulated=simulated,
+                                  segment_share=segment_share))
+        except InfeasibleAllocation as err:
+            refused = err
+        except PlanError as err:   # the scan planned what the simulator cannot run
+            warnings.warn(f"byte planner: a plan with recomputation (share {share}) was "
+                          f"rejected by the simulator ({err}); kept the others. This is a "
+                          "planner bug: please report it with the graph", RuntimeWarning,
+                          stacklevel=3)
+
+    for tried in tries:
+        scan(tried)
     # Checkpoints where the fastest plan so far still copies (a plan that moves
     # nothing has no copy for them to save; their chains cost planning time).
     if allowed and (checkpoints == "only" or checkpoints and (not plans or min(
             plans, key=lambda p: p.prediction.step_time_s).prediction.swap_out_bytes)):
         held = _chains(cg, [int(o) for o in order], allowed, scratch=wide is not None,
                        checkpoints=True)
-        for v in CHECKPOINT_VARIANTS:
-            refused = _try(plans, refused, graph, cg, order, room, budget_bytes, spec, held,
-                           v[0], memory=memory, lookahead=lookahead, rounds=rounds,
-                           drop_order=v[1], simulated=simulated,
-                           segment_share=v[2] if len(v) > 2 else SEGMENT_SHARE)
+        for share, drop_order, segment_share in CHECKPOINT_VARIANTS:
+            scan((held, share, drop_order, segment_share))
     if not plans:
         raise refused or InfeasibleAllocation("no variant to scan")
     return plans
-
-
-def _try(plans: list, refused, *args, **kwargs):
-    """:func:`_plan_in` of one variant appended to ``plans``; the refusal to raise
-    where no variant plans (``refused`` where this one plans)."""
-    try:
-        plans.append(_plan_in(*args, **kwargs))
-    except InfeasibleAllocation as err:
-        return err
-    except PlanError as err:   # the scan planned what the simulator cannot run
-        warnings.warn(f"byte planner: a plan with recomputation (share {args[7]}) was "
-                      f"rejected by the simulator ({err}); kept the others. This is a "
-                      "planner bug: please report it with the graph", RuntimeWarning,
-                      stacklevel=3)
-    return refused
 
 
 def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memory, lookahead,
