@@ -164,7 +164,14 @@ def test_below_a_while_loops_working_set_the_budget_named_works():
     assert peak // 2 < minimum < 1.2 * peak
     fast = tfswap.optimize(step.concrete_fn, minimum, **kwargs)
     assert measure.measure(fast.captured, fast.graph_def, step.batch).peak_bytes <= minimum
-    fast.restore_parameters()
+    variables = fast.captured.variables
+    initial = [v.numpy() for v in variables]
+    got = run_steps(fast, variables, initial, step.batch)
+    fast.restore_parameters()   # the unmodified step reads them on the device again
+    want = run_steps(step.concrete_fn, variables, initial, step.batch)
+    np.testing.assert_array_equal(got[0], want[0])
+    for var, a, b in zip(variables, want[1], got[1]):
+        np.testing.assert_array_equal(b, a, err_msg=var.name)
 
 
 def test_dropout_trains_exactly_with_swaps():
