@@ -153,6 +153,7 @@ def test_unverified_replicas_hold_what_their_plans_predict_on_a_slow_link():
     from tfswap.core.devices import cpu_emulated
 
     step = replicated(zoo.cnn, batch=32, image=32, blocks=4)
+    reference = replicated(zoo.cnn, batch=32, image=32, blocks=4)
     options = tfswap.Options.of(1, device=emulate.DEVICE, host=emulate.HOST, generations=3,
                                 workers=1, inputs=step.batch,
                                 device_spec=cpu_emulated(link_bytes_per_s=100e6))
@@ -168,6 +169,11 @@ def test_unverified_replicas_hold_what_their_plans_predict_on_a_slow_link():
         assert got <= prepared.budget_bytes, (device, got, prepared.budget_bytes)
         # Exact, or on the safe side: a few small tensors' timing apart.
         assert want * 0.95 <= got <= want * 1.02, (device, got, want)
+    losses = [float(made.bound(*step.batch)["loss"]) for _ in range(STEPS)]
+    expected = [float(reference.concrete_fn(*reference.batch)["loss"]) for _ in range(STEPS)]
+    assert losses == expected
+    for got, want in zip(step.model.weights, reference.model.weights):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
 def test_a_replica_whose_step_differs_beyond_the_match_is_searched_on_its_own(monkeypatch):
