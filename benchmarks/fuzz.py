@@ -9,7 +9,7 @@ bit for bit like the step without swaps (:func:`research.fuzz.check`).
 Prints one line per graph that did not pass, then a summary: graphs tried,
 passed, skipped (already fitting / infeasible, with reasons), refused, and
 failures with the seed to reproduce (``--graphs 1 --seed S``; with
-``--profiles DIR`` each seed's traced profile and unmodified peak are kept
+``--profiles DIR`` each seed's traced profile, unmodified peak and device figures are kept
 there and read again, so a rerun of a seed draws the same budget and makes the
 same plans).  Exit status 1 if any graph failed.  Runs on the emulated device.
 """

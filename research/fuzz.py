@@ -210,27 +210,40 @@ def same_results(expected, actual) -> bool:
 
 
 def _peak_and_profile(seed: int, captured, batch, profiles):
-    """The unmodified step's measured peak and its traced profile: from
-    ``profiles`` (a directory) where a check of ``seed`` kept them, else measured,
-    traced and kept there."""
+    """The unmodified step's measured peak, its traced profile and the device's
+    figures for the simulator (:func:`tfswap.core.devices.cpu_emulated`): from
+    ``profiles`` (a directory) where a check of ``seed`` kept them, else
+    measured, traced and kept there.  The figures are kept too because the
+    memcpy bandwidth in them is measured once per cache directory (each test
+    has its own), and the plans follow it."""
+    import dataclasses
+    import json
     from pathlib import Path
 
+    from tfswap.core.devices import DeviceSpec, cpu_emulated
     from tfswap.core.profile import Profile
     from tfswap.tf import emulate, measure
     from tfswap.tf import profile as profiler
 
     kept = Path(profiles) / f"seed-{seed}.profile.json" if profiles is not None else None
+    figures = kept.parent / f"seed-{seed}.spec.json" if kept is not None else None
+    if figures is not None and figures.exists():
+        spec = DeviceSpec(**json.loads(figures.read_text()))
+    else:
+        spec = cpu_emulated()
+        if figures is not None:
+            figures.parent.mkdir(parents=True, exist_ok=True)
+            figures.write_text(json.dumps(dataclasses.asdict(spec)))
     if kept is not None and kept.exists():
         prof = Profile.load(kept)
-        return int((kept.parent / f"seed-{seed}.peak").read_text()), prof
+        return int((kept.parent / f"seed-{seed}.peak").read_text()), prof, spec
     peak = measure.measure(captured, captured.graph_def, batch, runs=1,
                            inter_op_threads=1).peak_bytes
     prof = profiler.trace(captured, batch, device=emulate.DEVICE)
     if kept is not None:
-        kept.parent.mkdir(parents=True, exist_ok=True)
         prof.save(kept)
         (kept.parent / f"seed-{seed}.peak").write_text(str(peak))
-    return peak, prof
+    return peak, prof, spec
 
 
 def _named_minimum(err) -> int | None:
@@ -244,9 +257,10 @@ def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2, *,
     ``planner``, ``verify_rounds``: passed to ``optimize`` (its defaults; another
     planner, e.g. "tfswap.ga", for an ablation).  The step is traced once and every
     ``optimize`` of the check plans on that profile; ``profiles``: a directory
-    keeping each seed's profile and unmodified peak, read again by a later check
-    of the seed, which then draws the same budget and makes the same plans (a
-    traced profile's timings differ from run to run, and with them the plans).
+    keeping each seed's profile, unmodified peak and device figures, read again
+    by a later check of the seed, which then draws the same budget and makes the
+    same plans (a traced profile's timings differ from run to run, and with them
+    the plans).
 
     Never raises for a property violation: the outcome says ``failed`` with
     the reason (and the traceback for an unexpected error).
@@ -261,10 +275,10 @@ def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2, *,
     try:
         step = random_step(seed, max_ops)
         captured = capture.capture(step.concrete_fn)
-        peak, prof = _peak_and_profile(seed, captured, step.batch, profiles)
+        peak, prof, spec = _peak_and_profile(seed, captured, step.batch, profiles)
         # Device-homed: the check runs the captured graph on the same variables.
         kwargs = dict(generations=generations, seed=seed, workers=1, inputs=step.batch,
-                      profile=prof, parameters="device", planner=planner,
+                      profile=prof, device_spec=spec, parameters="device", planner=planner,
                       verify_rounds=verify_rounds)
         try:
             tfswap.optimize(step.concrete_fn, max(1, peak // 8), **kwargs)

@@ -53,22 +53,24 @@ def serves_pool(prepared) -> bool:
 
 def allocator_of(prepared, attempt=None) -> str:
     """What a plan of the step must fit within its budget
-    (:data:`tfswap.core.best_of.ALLOCATORS`): "exact" where TensorFlow's
-    allocator serves the step (each buffer its own bytes: what the step holds
-    at once) and the rewritten step is measured (``prepared.verifiable``), else
-    "pool": where the plan's pool serves the step (:func:`serves_pool`), and
-    where nothing measures the plan, whose shared arena's slack then absorbs
-    what the memory model misses (random steps at ``verify_rounds=0`` planned
-    to the bytes held: 1 of 137 measured 4% over its budget, seeds 7000-7499),
-    for a replicated step, whose joint model misses more (``benchmarks/replicas.py``,
-    unverified: the zoo CNN's replicas predicted 4.51 MB and held 5.53 MB, over
-    their 5.29 MB budget already with the arena's plan; issue #44), and for an ``attempt`` (a
+    (:data:`tfswap.core.best_of.ALLOCATORS`): "pool" where the plan's pool serves
+    the step (:func:`serves_pool`); elsewhere TensorFlow's allocator gives each
+    buffer its own bytes, and the bytes the step holds at once must fit:
+    "exact" where the rewritten step is measured (``prepared.verifiable``), else
+    "guarded", where the plan's shared arena must fit too, its slack absorbing
+    what the memory model misses: where nothing measures the plan (random steps
+    at ``verify_rounds=0`` planned to the bytes held: 1 of 137 measured 4% over
+    its budget, seeds 7000-7499), for a replicated step, whose joint model
+    misses more (``benchmarks/replicas.py``, unverified: the zoo CNN's replicas
+    predicted 4.51 MB and held 5.53 MB, over their 5.29 MB budget already with
+    the arena's plan; issue #44), and for an ``attempt`` (a
     :class:`tfswap.pipeline.Attempt`) after such a plan measured over
     (``exact_fit`` False)."""
-    if attempt is not None and not attempt.exact_fit:
+    if serves_pool(prepared):
         return "pool"
-    exact = prepared.verifiable and not serves_pool(prepared) and not prepared.replicas
-    return "exact" if exact else "pool"
+    exact = prepared.verifiable and not prepared.replicas and \
+        (attempt is None or attempt.exact_fit)
+    return "exact" if exact else "guarded"
 
 
 def arena_scope(planned):

@@ -202,3 +202,22 @@ def test_with_an_exact_allocator_plans_hold_their_bytes_and_gain_the_arenas_over
     assert exact.prediction.step_time_s < pool.prediction.step_time_s * 0.9
     with pytest.raises(ValueError, match="allocator"):
         planners.run("tfswap", problem, budget, SPEC, config=CONFIG, allocator="bfc")
+
+
+def test_unmeasured_plans_fit_both_their_arena_and_the_bytes_they_hold():
+    # TensorFlow's allocator with nothing measuring the plan ("guarded"): the
+    # bytes held at once must fit, and the arena too, its slack standing in for
+    # the measurement; a plan that holds more than the budget is not kept,
+    # whichever planner made it.
+    problem = _problem(120, 1)
+    budget = int(_peak(problem) * 0.6)
+    guarded = planners.run("tfswap", problem, budget, SPEC, config=CONFIG, allocator="guarded")
+    held = held_peak_bytes(problem.graph, guarded.plan, SPEC, keep=problem.keep,
+                           compiled=problem.compiled)
+    assert held <= budget and guarded.plan.allocation.total_bytes <= budget
+    assert any(c.chosen for c in guarded.candidates)
+    contest = best_of.Contest(admit=best_of.held_within(problem, held - 1, SPEC))
+    assert contest.enter("tight", lambda: guarded) is None
+    assert f"holds {held} B at once" in contest.candidates[0].describe()
+    with pytest.raises(Infeasible, match="holds"):
+        contest.winner()

@@ -273,7 +273,8 @@ def test_the_predicted_peak_holds_a_swap_in_from_when_its_op_runs(monkeypatch):
 def test_a_plan_made_to_the_held_bytes_that_measures_over_is_planned_again_in_its_arena():
     # Where TensorFlow's allocator serves the step and the plan is measured, it is
     # made to the bytes the step holds, with no slack for what the model misses;
-    # measured over, it is planned again with its shared arena fitting the budget.
+    # measured over, it is planned again with its shared arena fitting the budget,
+    # and still the bytes it holds.
     from tfswap.budget_arena import allocator_of
     from tfswap.planner_settings import planner_settings
 
@@ -288,10 +289,13 @@ def test_a_plan_made_to_the_held_bytes_that_measures_over_is_planned_again_in_it
     missed = dataclasses.replace(verified, measured_peak_bytes=prepared.budget_bytes + 1)
     again = pipeline.refine(missed)
     assert not again.exact_fit and again.replans == 1 and "shared arena" in again.notes[-1]
-    assert allocator_of(prepared, again) == "pool"
+    assert allocator_of(prepared, again) == "guarded"
     planned = pipeline.plan(prepared, again)
     assert planned.found.allocation.total_bytes <= again.planner_budget
+    problem = again.step.problem
+    assert simulator.held_peak_bytes(problem.graph, planned.found, prepared.spec, keep=problem.keep,
+                           compiled=problem.compiled) <= again.planner_budget
     # Unmeasured (verify_rounds=0), plans keep the arena's slack from the start.
     unmeasured = dataclasses.replace(prepared, options=dataclasses.replace(
         prepared.options, verify_rounds=0))
-    assert allocator_of(unmeasured, pipeline.first_attempt(unmeasured)) == "pool"
+    assert allocator_of(unmeasured, pipeline.first_attempt(unmeasured)) == "guarded"

@@ -76,8 +76,8 @@ def carry(plan: Plan, source: Problem, target: Problem, m: Match, budget_bytes: 
     """``plan`` (a planner's plan of ``source``) for ``target``, across ``m``
     (``graph_match.match(source.graph, target.graph)``), simulated on ``target``
     with ``spec`` and fitting ``budget_bytes`` (the planner's budget there) as
-    ``allocator`` says (:data:`tfswap.core.best_of.ALLOCATORS`: its pool, or
-    the bytes it holds at once).  Raises :class:`NotCarried`."""
+    ``allocator`` says (:data:`tfswap.core.best_of.ALLOCATORS`: its pool, the
+    bytes it holds at once, or both).  Raises :class:`NotCarried`."""
     if m.coverage < graph_match.MIN_COVERAGE:
         raise NotCarried(f"the steps differ beyond a match: {m.describe()}")
     mapped, dropped = graph_match.map_plan(plan, source.graph, target.graph, m)
@@ -105,13 +105,14 @@ def carry(plan: Plan, source: Problem, target: Problem, m: Match, budget_bytes: 
             raise NotCarried("it does not run on this step") from None
         mapped, result = _laid_out(target, mapped, spec)
         laid_out = True
-    if allocator == "exact":
+    need = 0
+    if allocator != "pool":
         need = simulator.held_peak_bytes(target.graph, mapped, spec, keep=target.keep,
                                          compiled=target.compiled)
-    else:
-        need = mapped.allocation.total_bytes if mapped.allocation is not None else \
+    if allocator != "exact":
+        pool = mapped.allocation.total_bytes if mapped.allocation is not None else \
             result.peak_bytes
-        need = max(need, result.peak_bytes)
+        need = max(need, pool, result.peak_bytes)
     if need > budget_bytes:
         raise NotCarried(f"it needs {need} B here, more than the planner's budget of "
                          f"{budget_bytes} B")

@@ -132,9 +132,10 @@ def default(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
       (:func:`tfswap.core.best_of.byte_planned`): where ``allocator`` is
       "pool" (tfswap's pool allocator serves the step) its shared arena
       fits; where it is "exact" (each buffer gets its own bytes, as from
-      TensorFlow's allocator) the bytes it holds at once fit, which leaves
-      it the arena's overhead (15-30% of the live bytes on the zoo's steps)
-      to hold more;
+      TensorFlow's allocator, and the plan is measured) the bytes it holds
+      at once fit, which leaves it the arena's overhead (15-30% of the live
+      bytes on the zoo's steps) to hold more; where it is "guarded" (that
+      allocator, nothing measuring the plan), both;
     * the swap planner on TF's order with one size class per size
       (``tfswap.order``);
     * recomputation alone (``tfswap.recompute``), where the problem names
@@ -142,7 +143,10 @@ def default(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
 
     The search's first generation holds TF's order with the default pool,
     which is ``tfswap.order``'s plan; the contest makes "never slower than
-    any of them" exact.  Each planner's outcome is in ``candidates``.  Raises
+    any of them" exact.  Where each buffer gets its own bytes ("exact",
+    "guarded"), a plan whose step holds more than the budget at once serves
+    no one, whichever planner made it (:func:`tfswap.core.best_of.held_within`).
+    Each planner's outcome is in ``candidates``.  Raises
     :class:`Infeasible` when none plans.
 
     Example::
@@ -154,7 +158,8 @@ def default(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if allocator not in ALLOCATORS:
         raise ValueError(f"allocator must be one of {ALLOCATORS}, got {allocator!r}")
-    contest = best_of.Contest()
+    contest = best_of.Contest(admit=None if allocator == "pool" else
+                              best_of.held_within(problem, budget_bytes, spec))
     searched = contest.enter(search.PLANNER_NAME, lambda: genetic(
         problem, budget_bytes, spec, config=dataclasses.replace(config, pool_layout=layout)))
     if layout == "shared":
