@@ -9,9 +9,10 @@ bit for bit like the step without swaps (:func:`research.fuzz.check`).
 Prints one line per graph that did not pass, then a summary: graphs tried,
 passed, skipped (already fitting / infeasible, with reasons), refused, and
 failures with the seed to reproduce (``--graphs 1 --seed S``; with
-``--profiles DIR`` each seed's traced profile, unmodified peak and device figures are kept
-there and read again, so a rerun of a seed draws the same budget and makes the
-same plans).  Exit status 1 if any graph failed.  Runs on the emulated device.
+``--profiles DIR`` each seed's traced profile, unmodified peak and device
+figures are kept there and read again, so a rerun of a seed draws the same
+budget and makes the same plans).  Exit status 1 if any graph failed.  Runs on
+the emulated device.
 """
 
 import argparse
@@ -43,8 +44,9 @@ def main() -> int:
                              "all) or a registered one for an ablation, e.g. tfswap.ga (the "
                              "genetic search alone)")
     parser.add_argument("--profiles", type=Path, default=None,
-                        help="a directory keeping each seed's profile and unmodified peak, "
-                             "read again by later runs: the same plans for a seed")
+                        help="a directory keeping each seed's profile, unmodified peak and "
+                             "device figures, read again by later runs: the same plans "
+                             "for a seed")
     parser.add_argument("--verify-rounds", type=int, default=3,
                         help="optimize's verify_rounds (0: the plan as the model predicts it)")
     args = parser.parse_args()

@@ -239,6 +239,26 @@ def test_trial_programs_built_in_place_equal_the_canonical_ones(swapped):
                     _recomputed(cg, again, {j: ops2}, False)
 
 
+def test_a_round_trip_made_a_recomputation_keeps_the_swap_outs_it_waited_for(swapped):
+    # A swap-in that waited for swap-outs took the room they made; made again
+    # instead, the value takes that room before the same op, so the op (and the
+    # remake's copies) wait for them: without a waiter TensorFlow may run such a
+    # swap-out late and hold both (fuzz seed 7180, 3% over its budget).
+    from tfswap.core.recompute import _recomputed
+    problem, plan, _ = swapped
+    cg = problem.compiled
+    prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
+    found = [(i, ops) for _, i, ops in candidates(problem, prog, SLOW) if prog.ins[i].waits]
+    assert found, "the fixture has no waiting round trip that may be made again"
+    for in_order in (True, False):
+        for i, ops in found:
+            made = _recomputed(cg, prog, {i: ops}, in_order)
+            rec = next(r for r in made.recomputes if r.buf == prog.ins[i].buf
+                       and r.need == prog.ins[i].need)
+            waited = {made.outs[j].buf for k, j in made.op_waits if k == rec.need}
+            assert {prog.outs[w].buf for w in prog.ins[i].waits} <= waited
+
+
 def _inputs_back_reference(cg, prog):
     """program.inputs_back as first written (every swap-in scanned per input), after
     a segment's recomputations are moved to where the ones that read them run."""

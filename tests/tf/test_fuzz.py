@@ -1,5 +1,7 @@
 """The fuzz property on a few random steps (the long run: benchmarks/fuzz.py)."""
 
+import pytest
+
 from research import fuzz
 
 # Seeds whose random budget forced swaps in each of 3 runs of fuzz.check over seeds
@@ -74,19 +76,31 @@ def test_a_seed_checked_again_on_its_kept_profile_makes_the_same_plan(tmp_path):
         (first.budget_bytes, first.plan_id, first.predicted_peak_bytes)
 
 
-def test_an_unmeasured_plan_holds_no_more_than_its_budget_at_once(tmp_path):
-    # Fuzz seed 8331 on its kept profile (tests/tf/data/fuzz), planned with
-    # verify_rounds=0: the byte-cap planner's plan fitted its pool's arena, but a
-    # swap-in's op takes its buffer when it runs, before its copy starts, and the
-    # step held 758,292 B at once for a 702,882 B budget, as the held model said
-    # (measured in 2 of 12 runs).  An unmeasured plan served by TensorFlow's
-    # allocator must fit both (issue #44).
+# Seeds that measured over their budget at verify_rounds=0, each kept with the
+# profile, unmodified peak and device figures that made the plan
+# (tests/tf/data/fuzz; issue #44).  8331: the byte-cap planner's plan fitted its
+# pool's arena, but a swap-in's op takes its buffer when it runs, before its copy
+# starts, and the step held 758,292 B at once for a 702,882 B budget, as the held
+# model said (measured in 2 of 12 runs): an unmeasured plan served by
+# TensorFlow's allocator must fit both.  7180: a round trip made a recomputation
+# dropped the swap-outs its copy had waited for, and TensorFlow ran one after the
+# remake that took its room (2,009,112 B for a 1,949,845 B budget, in 12 of 12
+# runs of one benchmark process; when TensorFlow runs it late varies, so
+# tests/core/test_recompute.py checks the waits themselves): the remake's op
+# waits for them now.  7176: the planner offered a Split's remake (its axis and
+# rank known from the step's static shapes) that the rewrite refused, having
+# imported the graph without them: a RewriteError out of optimize.
+KEPT_SEEDS = (8331, 7180, 7176)
+
+
+@pytest.mark.parametrize("seed", KEPT_SEEDS)
+def test_an_unmeasured_plan_holds_no_more_than_its_budget(seed, tmp_path):
     import shutil
     from pathlib import Path
 
-    for kept in (Path(__file__).parent / "data" / "fuzz").glob("seed-8331.*"):
+    for kept in (Path(__file__).parent / "data" / "fuzz").glob(f"seed-{seed}.*"):
         shutil.copy(kept, tmp_path)
-    outcome = fuzz.check(8331, verify_rounds=0, profiles=tmp_path)
+    outcome = fuzz.check(seed, verify_rounds=0, profiles=tmp_path)
     assert outcome.status in ("passed", "order-sensitive"), outcome.detail
     assert outcome.swaps > 0
     assert outcome.predicted_peak_bytes <= outcome.budget_bytes

@@ -65,6 +65,7 @@ from tfswap.core.plan import Plan
 from tfswap.tf import grappler
 from tfswap.tf.capture import CapturedFunction, local_device, same_device
 from tfswap.tf.ir import VARIABLE_READERS
+from tfswap.tf.shapes import import_with_shapes
 
 SWAP_OUT_OP = "SwapOut"
 SWAP_IN_OP = "SwapIn"
@@ -631,9 +632,11 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
     def trigger(op: str) -> str:
         return stand_in.get(op, op)
 
-    reference = tf.Graph()
-    with reference.as_default():
-        tf.graph_util.import_graph_def(captured.graph_def, name="")
+    # The captured graph as the planner saw it, static shapes included: a Split
+    # is offered for recomputation where its axis and rank are known
+    # (recomputable.refusal), which a plain import may not say (fuzz seed 7176:
+    # a planned remake of a Split refused here, a RewriteError out of optimize).
+    reference = import_with_shapes(captured, captured.graph_def)
 
     # Both swap ops sit on the device, the swap-out's output being host memory
     # (HostMemory in the GPU kernel; on the emulated device measure counts it as
