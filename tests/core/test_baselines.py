@@ -171,8 +171,12 @@ def test_recompute_only_moves_nothing_and_pays_in_compute():
 
 
 def test_recompute_swap_validation():
-    with pytest.raises(ValueError, match="in_after"):
-        Swap("a:0", out_after="f", in_after="g", consumers=("h",), kind="recompute")
+    with pytest.raises(ValueError, match="in_wait_for"):
+        Swap("a:0", out_after="f", in_after="", in_wait_for=("b:0",), consumers=("h",),
+             kind="recompute")
+    # An earlier remake position, where it shares ops with another recomputation.
+    assert Swap("a:0", out_after="f", in_after="g", consumers=("h",),
+                kind="recompute").in_after == "g"
     with pytest.raises(ValueError, match="consumers"):
         Swap("a:0", out_after="f", in_after="", consumers=(), kind="recompute")
     v2 = Plan(schedule=("a",)).to_json().replace('"format_version": 3', '"format_version": 2')

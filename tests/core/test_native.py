@@ -196,6 +196,7 @@ def test_the_compiled_program_simulation_matches_the_reference_with_recomputatio
     from tfswap.core import byte_planner
     from tfswap.core.problem import Problem
     from tfswap.core.program import from_plan
+    from tfswap.core.recompute import _moved, share_moves
 
     spec = replace(SPEC, h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9, duplex_bytes_per_s=1.5e9,
                    copy_latency_s=latency, copies_on_compute=serial)
@@ -215,6 +216,9 @@ def test_the_compiled_program_simulation_matches_the_reference_with_recomputatio
         for _ in range(3):
             broken = _perturbed(prog, rng)
             program_agrees(cg, broken, plan.allocation, spec)
+        # Remakes moved to run before another's op, sharing the ops they both run.
+        for i, need in share_moves(cg, prog)[:3]:
+            program_agrees(cg, _moved(cg, prog, {i: need}), plan.allocation, spec)
 
 
 def _perturbed(prog, rng):

@@ -340,3 +340,122 @@ def test_the_chain_of_each_round_trip_matches_its_reference():
             compared += 1
             found += want is not None
     assert compared and found
+
+
+def _gate_step():
+    """An LSTM gate's shape: one MatMul, its Split into two gates read by the forward
+    (a Mul) and each by its own backward op, ``ga`` then ``gb``.  (problem, the
+    schedule's names, each op's id, each tensor's buffer, a pool with an object for
+    every buffer.)"""
+    from tfswap.core import byte_planner
+    from tfswap.core.graph import DataflowGraph, Op, Tensor
+
+    nbytes = 2 << 20
+    ops = [Op("x", "Placeholder", outputs=("x:0",)),
+           Op("mm", "MatMul", inputs=("x:0",), time_s=1e-3, phase="forward"),
+           Op("sp", "Split", inputs=("mm:0",), outputs=("sp:0", "sp:1"), time_s=2e-4,
+              phase="forward"),
+           Op("h", "Mul", inputs=("sp:0", "sp:1"), time_s=1e-4, phase="forward"),
+           Op("ga", "Grad", inputs=("h:0", "sp:0"), time_s=1e-3, phase="backward"),
+           Op("gb", "Grad", inputs=("ga:0", "sp:1"), time_s=1e-3, phase="backward")]
+    tensors = [Tensor("x:0", nbytes, kind="input"), Tensor("mm:0", nbytes),
+               Tensor("sp:0", nbytes), Tensor("sp:1", nbytes), Tensor("h:0", nbytes),
+               Tensor("ga:0", nbytes), Tensor("gb:0", nbytes, kind="gradient")]
+    graph = DataflowGraph.build(ops, tensors)
+    problem = Problem.of(graph, keep=["gb:0"], recomputable=[op.name for op in graph.ops])
+    cg = problem.compiled
+    names = ("x", "mm", "sp", "h", "ga", "gb")
+    order = cg.order_of(names)
+    buf = {t.name: int(cg.tensor_buffer[i]) for i, t in enumerate(graph.tensors)}
+    op_id = {op.name: i for i, op in enumerate(graph.ops)}
+    return problem, names, op_id, buf, byte_planner._unlimited_pool(cg, list(order))
+
+
+def _gate_program(problem, names, op_id, buf, need_of_sp1: str):
+    """Both gates dropped after ``h`` and made again through the MatMul and the
+    Split: sp:0 before ``ga``, sp:1 before ``need_of_sp1``."""
+    from tfswap.core.program import OutRec, RecomputeRec, canonical, inputs_back
+
+    cg = problem.compiled
+    at = {name: k for k, name in enumerate(names)}
+    chain = (op_id["mm"], op_id["sp"])
+    resident = tuple(b for b in range(cg.n_buffers) if cg.buf_persistent[b])
+    outs = [OutRec(buf["sp:0"], at["h"], False), OutRec(buf["sp:1"], at["h"], False)]
+    recs = [RecomputeRec(buf["sp:0"], 0, at["ga"], chain),
+            RecomputeRec(buf["sp:1"], 1, at[need_of_sp1], chain)]
+    order = tuple(int(o) for o in cg.order_of(names))
+    return inputs_back(cg, canonical(order, resident, outs, (), (), recs))
+
+
+def test_remakes_before_one_op_run_the_ops_they_share_once():
+    """Two gates remade through one MatMul and Split before the same op run those
+    two ops once (the second gate, which the first chain made in the Split
+    output's fresh copy, becomes that chain's value); before different ops, twice.
+    The reference and the compiled simulator agree on both."""
+    from tests.core.test_native import program_agrees
+
+    problem, names, op_id, buf, pool = _gate_step()
+    cg = problem.compiled
+    apart = _gate_program(problem, names, op_id, buf, "gb")
+    shared = _gate_program(problem, names, op_id, buf, "ga")
+    for prog in (apart, shared):
+        assert program_agrees(cg, prog, pool, SLOW)
+    ideal = run_program(cg, apart, pool, SLOW).ideal_time_s
+    chain_s = float(cg.op_time[op_id["mm"]] + cg.op_time[op_id["sp"]])
+    assert run_program(cg, apart, pool, SLOW).step_time_s == pytest.approx(ideal + 2 * chain_s)
+    got = run_program(cg, shared, pool, SLOW, events=True)
+    assert got.step_time_s == pytest.approx(ideal + chain_s)
+    remade = [e.name for e in got.events if e.name.startswith("recompute:")]
+    assert remade == ["recompute:mm", "recompute:sp"]
+    # sp:1 is held from its remake before ga until gb, its reader, ends; its fresh
+    # copy, which the shared Split made it in first, is given back at once.
+    again = cg.buf_names[int(cg.buf_fresh[buf["sp:1"]])]
+    taken = [e.tensor for e in got.allocation_events if e.is_alloc]
+    assert taken.count(cg.buf_names[buf["sp:1"]]) == 2 and again in taken
+
+
+def test_a_remake_named_earlier_than_its_reader_round_trips_through_a_plan():
+    """A recomputation made before an op ahead of its first reader is written as
+    its swap's ``in_after`` and read back as the same program; one that names an
+    op before its own drop is refused, saying so."""
+    from dataclasses import replace as replaced
+
+    from tfswap.core.program import to_plan_swaps
+
+    problem, names, op_id, buf, pool = _gate_step()
+    cg = problem.compiled
+    for need_of_sp1, in_after in (("gb", ""), ("ga", "h")):
+        prog = _gate_program(problem, names, op_id, buf, need_of_sp1)
+        swaps, resident = to_plan_swaps(cg, prog)
+        sp1 = next(s for s in swaps if s.tensor == "sp:1")
+        assert (sp1.kind, sp1.in_after, sp1.consumers) == ("recompute", in_after, ("gb",))
+        assert from_plan(cg, names, swaps, resident) == prog
+        plan = Plan(schedule=names, swaps=swaps, resident_parameters=resident,
+                    allocation=pool)
+        assert Plan.from_json(plan.to_json()) == plan
+    early = tuple(replaced(s, in_after="mm") if s.tensor == "sp:1" else s for s in swaps)
+    with pytest.raises(ValueError, match="in_after must be after its out_after"):
+        from_plan(cg, names, early, resident)
+
+
+def test_the_share_pass_moves_a_remake_to_the_one_it_shares_ops_with():
+    """with_recomputes' last pass moves sp:1's remake to sp:0's position, where the
+    two share the MatMul and the Split: the step is one chain faster, and the
+    plan says where (``in_after``)."""
+    from tfswap.core.program import to_plan_swaps
+    from tfswap.core.recompute import share_moves, shared_remakes
+
+    problem, names, op_id, buf, pool = _gate_step()
+    cg = problem.compiled
+    apart = _gate_program(problem, names, op_id, buf, "gb")
+    assert share_moves(cg, apart) == [(1, names.index("ga"))]
+    swaps, resident = to_plan_swaps(cg, apart)
+    base = run_program(cg, apart, pool, SLOW)
+    plan = Plan(schedule=names, swaps=swaps, resident_parameters=resident, allocation=pool)
+    moved = shared_remakes(problem, plan, SLOW, 1 << 40)
+    sp1 = next(s for s in moved.swaps if s.tensor == "sp:1")
+    assert sp1.in_after == "h"
+    chain_s = float(cg.op_time[op_id["mm"]] + cg.op_time[op_id["sp"]])
+    assert moved.prediction.step_time_s == pytest.approx(base.step_time_s - chain_s)
+    assert simulate(problem.graph, moved, SLOW, keep=problem.keep,
+                    compiled=cg).step_time_s == pytest.approx(moved.prediction.step_time_s)

@@ -44,6 +44,10 @@ BYTE_LOOKAHEADS = (None, 4.0)
 # time within a few percent (BERT-base b64 on the simulated V100: 0.844 of ideal
 # against 0.811 without checkpoints, 5.7 s -> 6.0 s).
 CHECKPOINT_LOOKAHEADS = (None,)
+# The byte-cap planner's plans (fastest first, as polished) whose remakes are
+# moved to share ops (``share``, :func:`tfswap.core.recompute.shared_remakes`):
+# each pass is up to MAX_SHARE_TRIALS simulations, so the fastest few only.
+SHARED_PLANS = 3
 # What serves the step's memory, and so what of a plan must fit its budget:
 # "pool", tfswap's pool allocator (a budget arena on a GPU): the plan's pool,
 # laid out; "exact", an allocator that gives each buffer its own bytes
@@ -168,9 +172,11 @@ def held_within(problem: Problem, budget_bytes: int, spec: DeviceSpec) -> Callab
 def byte_planned(problem: Problem, budget_bytes: int, spec: DeviceSpec,
                  schedules: Sequence[Sequence[str] | None],
                  polish: Callable[[Plan], Plan] = lambda plan: plan,
-                 allocator: str = "pool") -> Plan:
+                 allocator: str = "pool",
+                 share: Callable[[Plan], Plan] = lambda plan: plan) -> Plan:
     """The fastest plan of :mod:`tfswap.core.byte_planner` on ``schedules`` (each
-    way of :data:`BYTE_LOOKAHEADS`, each variant ``polish``-ed) that fits:
+    way of :data:`BYTE_LOOKAHEADS`, each variant ``polish``-ed, the fastest
+    :data:`SHARED_PLANS` of them also ``share``-d, kept beside their own) that fits:
     ``allocator`` "pool", its shared arena; "exact", the bytes it holds at once
     (:func:`tfswap.core.simulator.held_peak_bytes`); "guarded", both.  Raises :class:`Infeasible`
     when none fits and :class:`UnsupportedProblem` when parameters start the
@@ -239,7 +245,9 @@ def byte_planned(problem: Problem, budget_bytes: int, spec: DeviceSpec,
     # Fastest first; with each buffer its own bytes, the first whose held peak fits (a
     # swap-in held from its op, before its copy, can pass the budget).  Each check
     # is a simulation with events: only as many as it takes.
-    for plan in sorted(candidates, key=lambda p: p.prediction.step_time_s):
+    ranked = sorted(candidates, key=lambda p: p.prediction.step_time_s)
+    shared = [got for got, p in ((share(p), p) for p in ranked[:SHARED_PLANS]) if got is not p]
+    for plan in sorted(shared + ranked, key=lambda p: p.prediction.step_time_s):
         if allocator == "pool":
             return plan
         try:

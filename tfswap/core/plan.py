@@ -43,6 +43,10 @@ computed on the device).
 Version 8 adds ``tensorflow_version``: the version of the framework the step
 was captured with, so that a plan is not applied under another (which may
 optimise the step differently); older files have none (not checked).
+Version 9 lets a recompute name ``in_after``: the recomputation runs right
+after that op, earlier than its first consumer, to share the ops another
+recomputation runs there; older files have none (each before its first
+consumer).
 """
 
 from __future__ import annotations
@@ -52,8 +56,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PLAN_FORMAT_VERSION = 8
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
+PLAN_FORMAT_VERSION = 9
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 # Pool objects start at multiples of this (tfswap/ops/pool_core.h kObjectAlignment).
 OBJECT_ALIGNMENT = 256
 SWAP_KINDS = ("round_trip", "prefetch", "writeback", "drop", "recompute")
@@ -86,8 +90,10 @@ class Swap:
     "drop": a device copy whose host copy is current is discarded after
     ``out_after`` (nothing is copied; ``bytes`` is what it frees).
     "recompute": the device copy is discarded after ``out_after`` and the
-    tensor's producer runs again right before the first of ``consumers``
-    (nothing is copied; ``in_after`` and ``in_wait_for`` stay empty);
+    tensor's producer runs again right before the first of ``consumers``, or
+    right after ``in_after`` where that is given (an earlier op, where it
+    shares ops with another recomputation run there; "": the first
+    consumer); nothing is copied, so ``in_wait_for`` stays empty;
     ``ops``, where given, are the ops run again in order (the producer, then
     the ops that wrote its buffer in place, the last one making ``tensor``).
 
@@ -126,9 +132,9 @@ class Swap:
             if not self.consumers or not self.out_after:
                 raise ValueError(f"recompute of {self.tensor}: needs out_after (where the copy "
                                  "is discarded) and consumers (what reads the recomputed copy)")
-            if self.in_after or self.in_wait_for:
+            if self.in_wait_for:
                 raise ValueError(f"recompute of {self.tensor}: nothing is copied in, so "
-                                 "in_after and in_wait_for must be empty")
+                                 "in_wait_for must be empty")
             return
         has_in = self.kind in ("round_trip", "prefetch")
         has_out = self.kind in ("round_trip", "writeback", "drop")

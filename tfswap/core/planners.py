@@ -39,7 +39,7 @@ from tfswap.core.infeasible import Infeasible, UnsupportedProblem
 from tfswap.core.plan import Plan
 from tfswap.core.planner import plan_swaps
 from tfswap.core.problem import Problem
-from tfswap.core.recompute import with_recomputes
+from tfswap.core.recompute import shared_remakes, with_recomputes
 
 
 DEFAULT_PLANNER = "tfswap"
@@ -171,9 +171,11 @@ def default(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
         schedules = [problem.schedule] + ([searched.plan.schedule] if searched else [])
         contest.enter(search.BYTES_PLANNER_NAME, lambda: PlanResult(dataclasses.replace(
             best_of.byte_planned(problem, budget_bytes, spec, schedules,
-                                 polish=lambda plan: with_recomputes(problem, plan, spec,
-                                                                     budget_bytes),
-                                 allocator=allocator),
+                                 polish=lambda plan: with_recomputes(
+                                     problem, plan, spec, budget_bytes, max_share_trials=0),
+                                 allocator=allocator,
+                                 share=lambda plan: shared_remakes(problem, plan, spec,
+                                                                   budget_bytes)),
             planner=search.BYTES_PLANNER_NAME)))
     contest.enter("tfswap.order", lambda: order(problem, budget_bytes, spec))
     if problem.recomputable:

@@ -59,7 +59,10 @@ class RecomputeRec:
     """``buf``'s producer runs again on the compute stream right before the op at
     ``need``; ``drop`` (an index into ``Program.outs``, a drop) discarded the copy.
     ``ops``: the op ids run again, in order (the producer, then the ops that
-    wrote its buffer in place); empty: the producer alone."""
+    wrote its buffer in place); empty: the producer alone.  ``need`` may come
+    before the buffer's first reader after ``drop`` (the plan's ``in_after``):
+    there it shares the ops another remake before the same op runs
+    (:mod:`tfswap.core.simulator`)."""
     buf: int
     drop: int
     need: int
@@ -392,11 +395,16 @@ def to_plan_swaps(cg: CompiledGraph, prog: Program) -> tuple[tuple[Swap, ...], t
             x = bisect_left(after, need)
             end = after[x] if x < len(after) else len(order)
             u = uses[buf]
-            consumers = tuple(op_name(k) for k in u[bisect_left(u, need):bisect_right(u, end)])
+            read_at = u[bisect_left(u, need):bisect_right(u, end)]
+            consumers = tuple(op_name(k) for k in read_at)
         if i >= 0:
             r = prog.ins[i]
             in_after = op_name(r.trigger) if r.trigger >= 0 else ""
             waits = tuple(ids[swap_of_out[w]] for w in r.waits)
+        elif kind == "recompute" and read_at and read_at[0] > need:
+            # Made before its first reader (to share another remake's ops there, or
+            # for a segment): the op just before says where.
+            in_after = op_name(need - 1)
         swaps.append(Swap(
             tensor=cg.buf_names[buf], kind=kind, bytes=nbytes[buf], id=ids[e],
             out_after=op_name(prog.outs[j].out_after) if j >= 0 else "",
@@ -478,6 +486,8 @@ def needs_from_uses(cg: CompiledGraph, prog: Program) -> Program:
         if need is None:
             unread.add(r.drop)
             continue
+        if outs[r.drop].out_after < r.need < need:
+            need = r.need   # made earlier on purpose (``in_after``: shared with another)
         recs.append(RecomputeRec(r.buf, r.drop, need, r.ops))
     # A swap-out another record still brings back stays (-1: a parameter's fetch).
     unread -= {r.own_out for r in ins} | {r.drop for r in recs} | {-1}
@@ -550,8 +560,15 @@ def from_plan(cg: CompiledGraph, schedule, swaps, resident_parameters) -> Progra
                 if unknown:
                     raise ValueError(f"swap {s.id!r}: recomputes op {unknown[0]!r}, which is not "
                                      "in the graph")
-                recs.append(RecomputeRec(b, len(outs) - 1,
-                                         min(where(c, f"swap {s.id!r}") for c in s.consumers),
+                need = min(where(c, f"swap {s.id!r}") for c in s.consumers)
+                if s.in_after:   # made earlier than its first reader
+                    at = where(s.in_after, f"swap {s.id!r}") + 1
+                    if not outs[-1].out_after < at <= need:
+                        raise ValueError(f"swap {s.id!r}: a recompute's in_after must be "
+                                         f"after its out_after {s.out_after!r} and before "
+                                         f"its first consumer; {s.in_after!r} is not")
+                    need = at
+                recs.append(RecomputeRec(b, len(outs) - 1, need,
                                          tuple(ids[o] for o in s.ops)))
     for s in swaps:
         if s.kind in ("round_trip", "prefetch"):

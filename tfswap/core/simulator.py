@@ -41,7 +41,12 @@ be on the device then (an earlier recomputation before the same op may have made
 it: ``Program.recomputes`` runs in its order), or be made by an earlier op of the same chain: such a
 buffer (a chain through another buffer, e.g. attention scores made again to
 make their softmax again) takes an object when the chain starts and gives it
-back when the op the chain runs before ends.
+back when the op the chain runs before ends.  Remakes before one op share
+their work: an op an earlier chain there ran is not run again, and its
+outputs are read where that run left them; a value an earlier chain made
+there as its temporary that is a later chain's own is kept for its readers
+instead of given back (moved from the buffer's fresh copy, where that run
+made it there, to the buffer itself: the same bytes, one tensor in TF).
 
 Memory is the plan's pool: a buffer takes an object of its size class from
 a per-class LIFO stack of free object indices (initially ``[n-1, ..., 0]``,
@@ -545,24 +550,54 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
         if rendezvous and kc in rendezvous and not rendezvous[kc].arrive(me):
             return False
         extra = 0.0
+        # Remakes before one op share their runs (``ran``: op -> the buffers its
+        # run here made): an op an earlier chain here ran is not run again, its
+        # outputs read where that run left them (``alias``: this chain's name
+        # for one -> where it is).  Where that run made this chain's own value
+        # as its temporary, the value is this chain's, kept for its readers:
+        # in its own buffer where that run made it in the buffer's fresh copy.
+        ran = {}
         for r in recs_of[kc]:
-            if r.buf in arrived:
+            again = r.buf in arrived
+            if again and r.buf not in temps_of[kc]:
                 raise PlanError(f"recompute of {cg.buf_names[r.buf]!r} while it is "
                                 "still on the device")
             made = {r.buf}
             fresh = copies[r]
+            alias = {}
+            moved_in = False
             for p in chain[r]:
+                named = [fresh.get(b, b) for b in op_out[out_ptr[p]:out_ptr[p + 1]]]
+                prev = ran.get(p)
+                if prev is not None:
+                    for i, (was, b) in enumerate(zip(prev, named)):
+                        if was == b:
+                            continue
+                        if b != r.buf:
+                            alias[b] = was
+                            continue
+                        if was not in temps_of[kc]:
+                            raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} reads it "
+                                            f"as {cg.buf_names[was]!r}, which another "
+                                            "recomputation keeps")
+                        temps_of[kc].remove(was)
+                        give(was, t)
+                        take(r.buf, t)
+                        arrived[r.buf] = True
+                        prev[i] = r.buf
+                        moved_in = True
+                    continue
                 for b in op_in[in_ptr[p]:in_ptr[p + 1]]:
                     b = fresh.get(b, b)
+                    b = alias.get(b, b)
                     if b not in made and not arrived.get(b, False):
                         raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} before op "
                                         f"{cg.graph.ops[order[kc]].name!r} reads "
                                         f"{cg.buf_names[b]!r}, which is not on the device")
                 # A chain through another buffer makes it again for the chain
                 # alone: it holds memory until the op the chain runs before ends.
-                for b in op_out[out_ptr[p]:out_ptr[p + 1]]:
-                    b = fresh.get(b, b)
-                    if b not in made:
+                for b in named:
+                    if b not in made or (again and b == r.buf):
                         if b in arrived:
                             raise PlanError(f"recomputing {cg.buf_names[r.buf]!r} makes "
                                             f"{cg.buf_names[b]!r} again while it is on the device")
@@ -570,13 +605,16 @@ def _device_run(cg, prog, buf_class, allocation, spec, record, moved=None, ready
                         arrived[b] = True
                         made.add(b)
                         temps_of[kc].append(b)
-            take(r.buf, t)
-            arrived[r.buf] = True
-            for p in chain[r]:
+                ran[p] = named
                 if record:
                     ev.append(SimEvent("compute", "recompute:" + cg.graph.ops[p].name,
                                        t + extra, t + extra + float(cg.op_time[p])))
                 extra += float(cg.op_time[p])
+            if again:
+                temps_of[kc].remove(r.buf)
+            elif not moved_in:
+                take(r.buf, t)
+                arrived[r.buf] = True
         recompute_s += extra
         for b in reads[kc]:
             if not arrived.get(b, False):

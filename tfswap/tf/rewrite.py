@@ -404,12 +404,21 @@ def _check_host_reads(graph_def, nodes: dict, host_values, device: str) -> None:
 
 def _remake_positions(plan, nodes: dict, position: dict) -> dict[str, int]:
     """The position each recomputation runs before (swap id -> position): its first
-    consumer, or that of an earlier recomputation whose ops read its tensor, dropped
-    before it (a segment made again forward; :func:`tfswap.core.program.inputs_back`
-    derives the same for the simulator)."""
+    consumer, the op after its ``in_after`` where the plan names one, or that of an
+    earlier recomputation whose ops read its tensor, dropped before it (a segment
+    made again forward; :func:`tfswap.core.program.inputs_back` derives the same
+    for the simulator)."""
     recs = [s for s in plan.swaps if s.kind == "recompute" and s.consumers
             and all(c in position for c in s.consumers)]
-    need = {s.id: min(position[c] for c in s.consumers) for s in recs}
+    need = {}
+    for s in recs:
+        need[s.id] = min(position[c] for c in s.consumers)
+        if s.in_after:
+            if s.in_after not in position or not \
+                    position.get(s.out_after, -1) < position[s.in_after] < need[s.id]:
+                raise RewriteError(f"swap {s.id!r}: in_after {s.in_after!r} is not a scheduled "
+                                   f"op after {s.out_after!r} and before its first consumer")
+            need[s.id] = position[s.in_after] + 1
     todo = list(recs)
     while todo:
         y = todo.pop()
@@ -429,7 +438,8 @@ def _remake_positions(plan, nodes: dict, position: dict) -> dict[str, int]:
 
 def _recompute(graph_def, nodes: dict, swap, k: int, position: dict, reference,
                trigger, device: str, merged_ops: frozenset, first: int | None = None,
-               original: dict | None = None, fetched=frozenset()) -> list[str]:
+               original: dict | None = None, fetched=frozenset(),
+               shared: dict | None = None) -> list[str]:
     """Add the copies of the ops that make ``swap.tensor`` again (``swap.ops``, or
     its producer), in order, each run after the op the schedule puts just
     before ``first`` (default: the first consumer); their names.
@@ -449,7 +459,12 @@ def _recompute(graph_def, nodes: dict, swap, k: int, position: dict, reference,
     copy its op reads.  Every copy waits for that op, not
     only the first: a chain op reading nothing the chain makes (the
     recurrent MatMul_1) would otherwise run as soon as its inputs exist,
-    and hold its output from there."""
+    and hold its output from there.
+
+    ``shared``: (position, op) -> the copy of that op a recomputation before the
+    same position made (filled here): a chain reuses it instead of running the op
+    again, as the simulator charges remakes that share ops there once (an LSTM
+    cell's four gates remade through one Split)."""
     original = nodes if original is None else original
     from tfswap.tf.recomputable import refusal
 
@@ -478,6 +493,9 @@ def _recompute(graph_def, nodes: dict, swap, k: int, position: dict, reference,
     before = [op for op, at in position.items() if at == first - 1]
     made: dict[str, str] = {}
     for j, op in enumerate(ops):
+        if shared is not None and (first, op) in shared:
+            made[op] = shared[(first, op)]
+            continue
         name = f"{SWAP_SCOPE}/recompute_{k}" + (f"_{j}" if j < len(ops) - 1 else "")
         clone = graph_def.node.add()
         clone.CopyFrom(nodes[op])
@@ -497,6 +515,8 @@ def _recompute(graph_def, nodes: dict, swap, k: int, position: dict, reference,
             clone.input.append("^" + trigger(before[0]))
         nodes[name] = clone
         made[op] = name
+        if shared is not None:
+            shared[(first, op)] = name
     return [made[op] for op in ops]
 
 
@@ -668,6 +688,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
     in_step_order = sorted(enumerate(plan.swaps), key=lambda e: at(e[1]))
     recomputed = []   # (k, swap, clone names): their inputs are pointed at after the loop
     merged_ops = remade_at = None
+    shared_clones: dict[tuple[int, str], str] = {}   # remakes before one op share copies
     for k, swap in in_step_order:
         producer, index = split_tensor_name(swap.tensor)
         if swap.kind == "recompute":
@@ -679,7 +700,7 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
                 remade_at = _remake_positions(plan, nodes, position)
             clones = _recompute(graph_def, nodes, swap, k, position, reference, trigger,
                                 device, merged_ops, remade_at.get(swap.id), original,
-                                host_values)
+                                host_values, shared_clones)
             held = copies.setdefault((producer, index), [(producer, index)])
             for consumer in swap.consumers:
                 for copy in held:

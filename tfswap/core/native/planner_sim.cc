@@ -421,6 +421,9 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
   // Recomputations by position (the planner's own programs have none: no table).
   const bool recomputes = !p.rec_need.empty();
   std::vector<int> rec_at(recomputes ? n + 1 : 0, 0), made;
+  // What the recomputations before the current op ran: op ids, and the
+  // outputs each made (ran_out[ran_ptr[e]..ran_ptr[e + 1]]).
+  std::vector<int> ran_op, ran_ptr, ran_out, named, alias;
   if (recomputes) {
     for (int b : p.rec_need) rec_at[b + 1]++;
     for (int k = 0; k < n; ++k) rec_at[k + 1] += rec_at[k];
@@ -453,11 +456,23 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
             // Recomputations before this op: each chain's ops run again, the
             // buffers they make for the chain alone held until this op ends.
             double extra = 0.0;
+            // Remakes before one op share their runs (the reference's ``ran`` and
+            // ``alias``): an op an earlier chain here ran is not run again, its
+            // outputs read where that run left them; where that run made this
+            // chain's own value as its temporary, the value is this chain's.
+            ran_op.clear();
+            ran_ptr.assign(1, 0);
+            ran_out.clear();
             for (int ri = recomputes ? rec_at[kc] : 0; recomputes && ri < rec_at[kc + 1]; ++ri) {
               int rb = p.rec_buf[ri];
-              if (where[rb] != 0) { r.status = 4; return r; }
+              const bool again = where[rb] != 0;
+              if (again && std::find(temps[kc].begin(), temps[kc].end(), rb) == temps[kc].end()) {
+                r.status = 4; return r;
+              }
+              bool moved_in = false;
               made.clear();
               made.push_back(rb);
+              alias.clear();
               auto is_made = [&](int b) {
                 return std::find(made.begin(), made.end(), b) != made.end();
               };
@@ -467,25 +482,57 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
                   if (p.rec_fresh[2 * f] == b) return p.rec_fresh[2 * f + 1];
                 return b;
               };
+              auto alias_of = [&](int b) {
+                // The reference's dict: a later entry for one name wins.
+                for (size_t e = alias.size(); e >= 2; e -= 2) if (alias[e - 2] == b) return alias[e - 1];
+                return b;
+              };
               for (int q = p.rec_ptr[ri]; q < p.rec_ptr[ri + 1]; ++q) {
                 int op = p.rec_ops[q];
+                named.clear();
+                for (int i = g.out_ptr[op]; i < g.out_ptr[op + 1]; ++i) named.push_back(copy_of(g.out[i]));
+                int seen = -1;
+                for (size_t e = 0; e < ran_op.size(); ++e) if (ran_op[e] == op) seen = (int)e;
+                if (seen >= 0) {
+                  for (size_t i = 0; i < named.size(); ++i) {
+                    int& was = ran_out[ran_ptr[seen] + i];
+                    int b = named[i];
+                    if (was == b) continue;
+                    if (b != rb) {
+                      alias.push_back(b);
+                      alias.push_back(was);
+                      continue;
+                    }
+                    auto it = std::find(temps[kc].begin(), temps[kc].end(), was);
+                    if (it == temps[kc].end()) { r.status = 4; return r; }
+                    temps[kc].erase(it);
+                    give(was);
+                    take(rb);
+                    where[rb] = 2;
+                    was = rb;
+                    moved_in = true;
+                  }
+                  continue;
+                }
                 for (int i = g.in_ptr[op]; i < g.in_ptr[op + 1]; ++i) {
-                  int b = copy_of(g.in[i]);
+                  int b = alias_of(copy_of(g.in[i]));
                   if (!is_made(b) && where[b] != 2) { r.status = 4; return r; }
                 }
-                for (int i = g.out_ptr[op]; i < g.out_ptr[op + 1]; ++i) {
-                  int b = copy_of(g.out[i]);
-                  if (is_made(b)) continue;
+                for (int b : named) {
+                  if (is_made(b) && !(again && b == rb)) continue;
                   if (where[b] != 0) { r.status = 4; return r; }
                   take(b);
                   where[b] = 2;
                   made.push_back(b);
                   temps[kc].push_back(b);
                 }
+                ran_op.push_back(op);
+                ran_out.insert(ran_out.end(), named.begin(), named.end());
+                ran_ptr.push_back((int)ran_out.size());
+                extra += g.op_time[op];
               }
-              take(rb);
-              where[rb] = 2;
-              for (int q = p.rec_ptr[ri]; q < p.rec_ptr[ri + 1]; ++q) extra += g.op_time[p.rec_ops[q]];
+              if (again) temps[kc].erase(std::find(temps[kc].begin(), temps[kc].end(), rb));
+              else if (!moved_in) { take(rb); where[rb] = 2; }
             }
             recompute_s += extra;
             for (int i = g.in_ptr[o]; i < g.in_ptr[o + 1]; ++i)
