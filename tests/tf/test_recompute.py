@@ -334,6 +334,24 @@ def test_a_recomputation_waits_for_the_swap_out_whose_memory_its_op_waits_for():
         np.testing.assert_array_equal(np.asarray(got[key]), want[key].numpy())
 
 
+def _gates_layout():
+    """:func:`_gates_step` with its nodes by name, TF's topological order (no
+    placeholders), each op's position in it, a function listing a node's
+    readers in that order, and the gates' ``Split``."""
+    step, captured, inputs = _gates_step()
+    nodes = {n.name: n for n in captured.graph_def.node}
+    schedule = tuple(n for n in rewrite.topological_order(captured.graph_def)
+                     if nodes[n].op != "Placeholder")
+    position = {n: k for k, n in enumerate(schedule)}
+
+    def readers(name):
+        return [n for n in schedule if name in [i.partition(":")[0] for i in nodes[n].input
+                                                if not i.startswith("^")]]
+
+    split = next(n for n in schedule if nodes[n].op == "Split")
+    return step, captured, inputs, nodes, schedule, position, readers, split
+
+
 def _gates_step():
     """An LSTM cell in small: two matrix products, their sum, a bias, the four
     gates split along the inner axis, and their gradients."""
@@ -369,17 +387,7 @@ def test_a_gates_chain_reads_its_own_copies_not_an_earlier_remake():
     40% measured 1,394,704 B for a predicted 759,736 B), and every copy waits
     for the op before the chain's place.  The gradients are the unmodified
     function's, bit for bit."""
-    step, captured, inputs = _gates_step()
-    nodes = {n.name: n for n in captured.graph_def.node}
-    schedule = tuple(n for n in rewrite.topological_order(captured.graph_def)
-                     if nodes[n].op != "Placeholder")
-    position = {n: k for k, n in enumerate(schedule)}
-
-    def readers(name):
-        return [n for n in schedule if name in [i.partition(":")[0] for i in nodes[n].input
-                                                if not i.startswith("^")]]
-
-    split = next(n for n in schedule if nodes[n].op == "Split")
+    step, captured, inputs, nodes, schedule, position, readers, split = _gates_layout()
     assert recomputable.refusal(nodes[split], _graph(captured)) == ""
     bias_add = nodes[split].input[1].partition(":")[0]
     add = nodes[bias_add].input[0].partition(":")[0]
@@ -464,17 +472,7 @@ def test_two_gates_remade_before_one_op_share_their_chains_copies():
     ``in_after``): the rewrite makes the copies of the ops they share once, the
     later chain reading them, and the gradients are the unmodified function's,
     bit for bit."""
-    step, captured, inputs = _gates_step()
-    nodes = {n.name: n for n in captured.graph_def.node}
-    schedule = tuple(n for n in rewrite.topological_order(captured.graph_def)
-                     if nodes[n].op != "Placeholder")
-    position = {n: k for k, n in enumerate(schedule)}
-
-    def readers(name):
-        return [n for n in schedule if name in [i.partition(":")[0] for i in nodes[n].input
-                                                if not i.startswith("^")]]
-
-    split = next(n for n in schedule if nodes[n].op == "Split")
+    step, captured, inputs, nodes, schedule, position, readers, split = _gates_layout()
     bias_add = nodes[split].input[1].partition(":")[0]
     add = nodes[bias_add].input[0].partition(":")[0]
     products = sorted((i.partition(":")[0] for i in nodes[add].input), key=position.get)
