@@ -565,8 +565,8 @@ def from_plan(cg: CompiledGraph, schedule, swaps, resident_parameters) -> Progra
                     at = where(s.in_after, f"swap {s.id!r}") + 1
                     if not outs[-1].out_after < at <= need:
                         raise ValueError(f"swap {s.id!r}: a recompute's in_after must be "
-                                         f"after its out_after {s.out_after!r} and before "
-                                         f"its first consumer; {s.in_after!r} is not")
+                                         f"at or after its out_after {s.out_after!r} and "
+                                         f"before its first consumer; {s.in_after!r} is not")
                     need = at
                 recs.append(RecomputeRec(b, len(outs) - 1, need,
                                          tuple(ids[o] for o in s.ops)))
