@@ -22,7 +22,6 @@ Example::
 
 from __future__ import annotations
 
-import re
 import traceback
 from dataclasses import dataclass, field
 
@@ -247,8 +246,8 @@ def _peak_and_profile(seed: int, captured, batch, profiles):
 
 
 def _named_minimum(err) -> int | None:
-    found = re.search(r"smallest budget that can work is about (\d+) bytes", str(err))
-    return int(found.group(1)) if found else None
+    """The budget a ``BudgetError`` names (its ``smallest_bytes``), if it names one."""
+    return getattr(err, "smallest_bytes", None)
 
 
 def check(seed: int, max_ops: int = 12, generations: int = 2, steps: int = 2, *,

@@ -105,3 +105,31 @@ def test_an_unmeasured_plan_holds_no_more_than_its_budget(seed, tmp_path):
     assert outcome.swaps > 0
     assert outcome.predicted_peak_bytes <= outcome.budget_bytes
     assert outcome.measured_peak_bytes <= outcome.budget_bytes
+
+
+def test_a_refusal_above_the_estimated_smallest_budget_names_one_that_works(tmp_path):
+    # Fuzz seed 7147 on its kept profile: the smallest budget was estimated at
+    # 1,081,786 B and no plan fitted the 1,126,853 B drawn (the planners' fit is
+    # not monotone near the estimate).  The error said "pass at least" the
+    # smaller figure; it names a larger budget now, and that one plans within.
+    import shutil
+    from pathlib import Path
+
+    import tfswap
+    from tfswap.core.budget import BudgetError
+    from tfswap.tf import capture, measure
+
+    for kept in (Path(__file__).parent / "data" / "fuzz").glob("seed-7147.*"):
+        shutil.copy(kept, tmp_path)
+    step = fuzz.random_step(7147)
+    captured = capture.capture(step.concrete_fn)
+    _, profile, spec = fuzz._peak_and_profile(7147, captured, step.batch, tmp_path)
+    options = dict(generations=2, seed=7147, workers=1, inputs=step.batch, profile=profile,
+                   device_spec=spec, parameters="device", verify_rounds=0)
+    with pytest.raises(BudgetError, match="not monotone") as refused:
+        tfswap.optimize(step.concrete_fn, 1_126_853, **options)
+    named = refused.value.smallest_bytes
+    assert named > 1_126_853
+    fast = tfswap.optimize(step.concrete_fn, named, **options)
+    assert fast.plan.prediction.peak_bytes <= named
+    assert measure.measure(fast.captured, fast.graph_def, step.batch).peak_bytes <= named
