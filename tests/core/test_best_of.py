@@ -221,3 +221,10 @@ def test_unmeasured_plans_fit_both_their_arena_and_the_bytes_they_hold():
     assert f"holds {held} B at once" in contest.candidates[0].describe()
     with pytest.raises(Infeasible, match="holds"):
         contest.winner()
+    # The byte-cap planner named alone (an ablation) fits the same way.
+    roomier = int(_peak(problem) * 0.8)   # its one scan fits no 60% plan here
+    alone = planners.run("tfswap.bytes", problem, roomier, SPEC, allocator="guarded").plan
+    assert held_peak_bytes(problem.graph, alone, SPEC, keep=problem.keep,
+                           compiled=problem.compiled) <= roomier
+    with pytest.raises(ValueError, match="allocator"):
+        planners.run("tfswap.bytes", problem, budget, SPEC, allocator="bfc")

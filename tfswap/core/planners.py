@@ -236,12 +236,23 @@ def order(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
 
 @register(search.BYTES_PLANNER_NAME)
 def bytes_cap(problem: Problem, budget_bytes: int, spec: DeviceSpec, *,
-              memory: str = "shared") -> PlanResult:
-    """The byte-cap planner (:mod:`tfswap.core.byte_planner`) on TF's order."""
+              memory: str | None = None, allocator: str = "pool") -> PlanResult:
+    """The byte-cap planner (:mod:`tfswap.core.byte_planner`) on TF's order, fitting
+    as ``allocator`` says (:data:`tfswap.core.best_of.ALLOCATORS`: its shared arena,
+    the bytes it holds at once, or both); ``memory`` ("shared" or "live"), where
+    given, is the scan's memory model instead, with no check of the bytes held
+    (the smallest-budget search's)."""
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator must be one of {ALLOCATORS}, got {allocator!r}")
     _host_parameters_unsupported(problem, search.BYTES_PLANNER_NAME)
+    scan = memory or ("live" if allocator == "exact" else "shared")
     plan = byte_planner.plan(problem.graph, budget_bytes, spec, schedule=problem.schedule,
-                             keep=problem.keep, compiled=problem.compiled, memory=memory,
+                             keep=problem.keep, compiled=problem.compiled, memory=scan,
                              recomputable=problem.recomputable)
+    if memory is None and allocator != "pool":
+        # Fitted to its scan's model, the plan can still hold more at once where a
+        # swap-in's op runs before its copy starts (fuzz seed 8245, 12% over).
+        best_of.held_within(problem, budget_bytes, spec)(plan)
     return PlanResult(dataclasses.replace(plan, planner=search.BYTES_PLANNER_NAME))
 
 
