@@ -504,7 +504,9 @@ def merge(paths, out: Path) -> None:
 
 def summary(row) -> str:
     if row.get("error"):
-        return f"{row['model']} {row['fraction']}: {row['error'][:300]}"
+        # A subprocess that failed before its first fraction gives no fraction.
+        return f"{row['model']} {row.get('fraction', '')}: {row['error'][:300]}".replace(
+            "  ", " ")
     over = row["measured_peak_bytes"] / row["budget_bytes"] - 1
     model = row["predicted_peak_bytes"] / row["measured_peak_bytes"] - 1
     return (f"{row['model']} b{row['batch']} {row['fraction']:.0%}: budget "
