@@ -117,7 +117,7 @@ def test_a_refusal_above_the_estimated_smallest_budget_names_one_that_works(tmp_
 
     import tfswap
     from tfswap.core.budget import BudgetError
-    from tfswap.tf import capture, measure
+    from tfswap.tf import capture, measure, runtime
 
     for kept in (Path(__file__).parent / "data" / "fuzz").glob("seed-7147.*"):
         shutil.copy(kept, tmp_path)
@@ -133,3 +133,8 @@ def test_a_refusal_above_the_estimated_smallest_budget_names_one_that_works(tmp_
     fast = tfswap.optimize(step.concrete_fn, named, **options)
     assert fast.plan.prediction.peak_bytes <= named
     assert measure.measure(fast.captured, fast.graph_def, step.batch).peak_bytes <= named
+    # And it trains as the unmodified step, bit for bit.
+    initial = [v.numpy() for v in step.variables]
+    plain = runtime.bind(captured, captured.graph_def)
+    assert fuzz.same_results(fuzz._steps(plain, step.variables, initial, step.batch, 2),
+                             fuzz._steps(fast, step.variables, initial, step.batch, 2))

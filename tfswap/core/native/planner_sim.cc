@@ -460,9 +460,11 @@ SimOut simulate(const Graph& g, const int32_t* order, const int32_t* cls, int n_
             // ``alias``): an op an earlier chain here ran is not run again, its
             // outputs read where that run left them; where that run made this
             // chain's own value as its temporary, the value is this chain's.
-            ran_op.clear();
-            ran_ptr.assign(1, 0);
-            ran_out.clear();
+            if (recomputes) {   // the search's programs have none: no work per op
+              ran_op.clear();
+              ran_ptr.assign(1, 0);
+              ran_out.clear();
+            }
             for (int ri = recomputes ? rec_at[kc] : 0; recomputes && ri < rec_at[kc + 1]; ++ri) {
               int rb = p.rec_buf[ri];
               const bool again = where[rb] != 0;
