@@ -19,7 +19,9 @@ runs it by default (``search_time``, its worker threads) instead of
 ``--generations`` on one thread.  Each is rewritten with the same emulated
 link (``rewrite(..., emulated_link_bytes_per_s=B)``: a copy completes when a
 link of B bytes/s each way would have moved it) and measured: the median of
-``--runs`` traced runs, the plans alternating ``--rounds`` times with the
+``--runs`` untraced runs (the step as users run it; FULL_TRACE adds a cost
+to every op, which made plans with many remakes look slower) for the time,
+``--runs`` traced runs for the peak, the plans alternating ``--rounds`` times with the
 unmodified step (``plan`` "unmodified", the reference) and, with
 ``--checkpoint``, the same model's step with ``tf.recompute_grad`` around each
 block (``plan`` "checkpoint", ``tf_peers.checkpointed``; its measured peak says
@@ -129,8 +131,10 @@ def run(name: str, fraction: float, args) -> list[dict]:
     peaks = {plan: 0 for plan in made}
     for _ in range(args.rounds):
         for plan, (step, _, captured_, graph_def) in made.items():
-            m = measure.measure(captured_, graph_def, step.batch, runs=args.runs)
-            times[plan].append(m.step_time_s)
+            # Timed untraced, as users run it; the traced runs give the peak.
+            m = measure.measure(captured_, graph_def, step.batch, runs=args.runs,
+                                untraced_runs=args.runs)
+            times[plan].append(m.untraced_step_time_s)
             peaks[plan] = max(peaks[plan], m.peak_bytes)
     if "checkpoint" in made:   # its peak at one inter-op thread, as the budget's
         step, _, captured_, graph_def = made["checkpoint"]

@@ -157,9 +157,11 @@ def chosen_variant(problem, budget, spec):
     orig_scan, orig_with = BP._scan, planners.with_recomputes
     polished = {}
 
-    def scan(cg, order, spec_, cap, lookahead, margin, chains, share, drop, reference=False):
-        prog = orig_scan(cg, order, spec_, cap, lookahead, margin, chains, share, drop, reference)
-        seen[prog] = (cap, lookahead, chains, share, drop, [int(o) for o in order])
+    def scan(cg, order, spec_, cap, lookahead, margin, chains, share, drop, reference=False,
+             segment_share=BP.SEGMENT_SHARE):
+        prog = orig_scan(cg, order, spec_, cap, lookahead, margin, chains, share, drop, reference,
+                         segment_share)
+        seen[prog] = (cap, lookahead, chains, share, drop, [int(o) for o in order], segment_share)
         return prog
 
     def with_recomputes(problem_, plan, *a, **kw):
@@ -198,7 +200,7 @@ def main(path):
     if var is None:
         print("  the kept plan has no recomputing variant behind it (swaps alone)")
         return
-    cap, lookahead, chains, share, drop, order = var
+    cap, lookahead, chains, share, drop, order, segment_share = var
     print(f"  variant: cap {cap} (budget {budget}), lookahead {lookahead}, share {share}, "
           f"{drop}, scratch chains {chains.scratch if chains else None}")
     if chains is None:
@@ -206,7 +208,7 @@ def main(path):
         allowed = frozenset(i for i, op in enumerate(cg.graph.ops) if op.name in names)
         chains = BP._chains(cg, order, allowed)
     print(f"  order: {'TF' if order == [int(o) for o in cg.order_of(problem.schedule)] else 'searched'}")
-    scan = DiagScan(cg, order, spec, lookahead, 0.0, chains, share, drop)
+    scan = DiagScan(cg, order, spec, lookahead, 0.0, chains, share, drop, segment_share)
     scan.run(cap)
     by = collections.Counter()
     n = collections.Counter()

@@ -143,3 +143,13 @@ def test_rewrite_recomputes_only_what_may_run_twice(planned):
         else:
             with pytest.raises(rewrite.RewriteError, match="cannot be recomputed"):
                 rewrite.rewrite(captured, plan, DEVICE, HOST)
+
+
+def test_measure_times_untraced_runs_only_when_asked(planned):
+    """Traced runs give the peak; untraced ones, asked for, the step as users run it."""
+    step, captured, _, rewritten = planned
+    traced = measure.measure(captured, rewritten.graph_def, step.batch, runs=1)
+    both = measure.measure(captured, rewritten.graph_def, step.batch, runs=1, untraced_runs=2)
+    assert traced.untraced_step_time_s is None
+    assert both.untraced_step_time_s is not None and both.untraced_step_time_s > 0
+    assert both.peak_bytes > 0 and both.step_time_s > 0

@@ -107,11 +107,13 @@ def test_an_unmeasured_plan_holds_no_more_than_its_budget(seed, tmp_path):
     assert outcome.measured_peak_bytes <= outcome.budget_bytes
 
 
-def test_a_refusal_above_the_estimated_smallest_budget_names_one_that_works(tmp_path):
-    # Fuzz seed 7147 on its kept profile: the smallest budget was estimated at
-    # 1,081,786 B and no plan fitted the 1,126,853 B drawn (the planners' fit is
-    # not monotone near the estimate).  The error said "pass at least" the
-    # smaller figure; it names a larger budget now, and that one plans within.
+def test_a_budget_near_the_estimated_smallest_plans_or_names_one_that_works(tmp_path):
+    # Fuzz seed 7147 on its kept profile: the smallest budget is estimated at
+    # 1,081,786 B, and at the 1,126,853 B drawn no plan fitted until the byte-cap
+    # planner also scanned the memory-greedy schedule (the error then named 1.1x
+    # the budget: tests/test_budget_advice.py).  At that budget optimize plans
+    # within it, or refuses naming a budget that does; either way the step it
+    # returns trains as the unmodified step, bit for bit.
     import shutil
     from pathlib import Path
 
@@ -126,14 +128,15 @@ def test_a_refusal_above_the_estimated_smallest_budget_names_one_that_works(tmp_
     _, profile, spec = fuzz._peak_and_profile(7147, captured, step.batch, tmp_path)
     options = dict(generations=2, seed=7147, workers=1, inputs=step.batch, profile=profile,
                    device_spec=spec, parameters="device", verify_rounds=0)
-    with pytest.raises(BudgetError, match="not monotone") as refused:
-        tfswap.optimize(step.concrete_fn, 1_126_853, **options)
-    named = refused.value.smallest_bytes
-    assert named > 1_126_853
-    fast = tfswap.optimize(step.concrete_fn, named, **options)
-    assert fast.plan.prediction.peak_bytes <= named
-    assert measure.measure(fast.captured, fast.graph_def, step.batch).peak_bytes <= named
-    # And it trains as the unmodified step, bit for bit.
+    budget = 1_126_853
+    try:
+        fast = tfswap.optimize(step.concrete_fn, budget, **options)
+    except BudgetError as refused:
+        budget = refused.smallest_bytes
+        assert budget > 1_126_853
+        fast = tfswap.optimize(step.concrete_fn, budget, **options)
+    assert fast.plan.prediction.peak_bytes <= budget
+    assert measure.measure(fast.captured, fast.graph_def, step.batch).peak_bytes <= budget
     initial = [v.numpy() for v in step.variables]
     plain = runtime.bind(captured, captured.graph_def)
     assert fuzz.same_results(fuzz._steps(plain, step.variables, initial, step.batch, 2),

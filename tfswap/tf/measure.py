@@ -49,6 +49,11 @@ class Measurement:
     node_devices: dict              # node name -> device it ran on
     start_micros: dict              # node name -> start time of its last traced run
     executed_types: dict            # node name -> op type after Grappler (e.g. folded to Const)
+    # Median wall time of the untraced runs (``measure(..., untraced_runs=N)``), the
+    # step as users run it: FULL_TRACE adds a cost to every op (an unrolled LSTM's
+    # step traced takes 3x its untraced time), so traced times favour plans with
+    # fewer ops.  None: no untraced run.
+    untraced_step_time_s: float | None = None
 
     def ran_before(self, first: str, second: str) -> bool:
         """True if ``second`` did not start before ``first`` (equal microseconds pass)."""
@@ -243,15 +248,18 @@ def variable_bytes_on(captured: CapturedFunction, device: str = DEVICE) -> int:
 
 def measure(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
             warmup: int = 1, device: str = DEVICE, config=None,
-            inter_op_threads: int = 2, timeout_s: float | None = None) -> Measurement:
+            inter_op_threads: int = 2, timeout_s: float | None = None,
+            untraced_runs: int = 0) -> Measurement:
     """Run ``graph_def`` (with copies of the captured variables) and measure it.
 
     ``inputs`` are the flat argument values, in ``captured.args`` order.
-    ``inter_op_threads``: 2 by default; ``timeout_s``: each run's limit (see
-    :func:`run_traced`).
+    ``inter_op_threads``: 2 by default; ``timeout_s``: each run's limit;
+    ``untraced_runs``: runs timed without tracing, alternating with the traced
+    ones (``untraced_step_time_s``; see :func:`run_traced`).
     """
     traced = run_traced(captured, graph_def, inputs, runs=runs, warmup=warmup, device=device,
-                        config=config, inter_op_threads=inter_op_threads, timeout_s=timeout_s)
+                        config=config, inter_op_threads=inter_op_threads, timeout_s=timeout_s,
+                        untraced_runs=untraced_runs)
     last = traced.metadata[-1]
     peaks = [transient_peak(md.step_stats, device) for md in traced.metadata]
     variable_bytes = traced.variable_bytes
@@ -266,6 +274,8 @@ def measure(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
         node_devices={name: dev for _, name, dev in order},
         start_micros={name: start for start, name, _ in order},
         executed_types={n.name: n.op for g in last.partition_graphs for n in g.node},
+        untraced_step_time_s=statistics.median(traced.untraced_times_s)
+        if traced.untraced_times_s else None,
     )
 
 
