@@ -290,14 +290,22 @@ def test_a_shape_reader_the_schedule_leaves_out_runs_before_the_ops_reading_its_
         unique, _ = tf.unique(tf.reshape(tf.round(x), [-1]))
         a = tf.exp(unique)
         b = a * 3.0          # may write into a's buffer once nothing else holds it
-        return b + tf.cast(tf.shape(a)[0], tf.float32)
+        # A Shape that waits for an assertion too (as Keras's loss checks label shapes).
+        with tf.control_dependencies([tf.debugging.assert_positive(tf.size(unique))]):
+            checked = tf.shape(a)[0]
+        return b + tf.cast(tf.shape(a)[0] + checked, tf.float32)
 
     captured = capture.capture(step.get_concrete_function())
     nodes = {n.name: n for n in captured.graph_def.node}
     shapes = [n for n in nodes.values() if n.op == "Shape"]
     assert shapes, "the test needs a Shape that Grappler did not fold"
+    assert any(i.startswith("^") for n in shapes for i in n.input), \
+        "the test needs a Shape with a control input"
+    # Left out of the schedule as the lowering leaves them: the shape-only ops, and
+    # the assertion on shapes (in the Keras step, its ops run on the host).
     schedule = tuple(name for name in rewrite.topological_order(captured.graph_def)
-                     if nodes[name].op not in rewrite.SHAPE_OPS)
+                     if nodes[name].op not in rewrite.SHAPE_OPS
+                     and not name.startswith("assert_positive/"))
     rewritten = rewrite.rewrite(captured, Plan(schedule=schedule), DEVICE, HOST)
     after = {n.name: n for n in rewritten.graph_def.node}
     for shape in shapes:

@@ -203,28 +203,61 @@ def _shape_reads_first(graph_def, nodes: dict, position: dict, device: str) -> N
 
     The lowering drops these ops (TF folds most of them), so the schedule chain
     does not order them; one TF keeps runs when the executor gets to it, holding
-    a reference to the value while it waits.  An elementwise op that the plan
-    has writing its output into that value's buffer (TF forwards an input only
-    when nothing else holds it) then allocates a new buffer instead: the Keras
+    a reference to the value while it waits.  An op that the plan has writing
+    its output into that value's buffer (TF forwards an input only when
+    nothing else holds it) then allocates a new buffer instead: the Keras
     Transformer of tests/tf/test_keras.py at 50%, a GELU's gradient ``Mul`` run
     before the ``Shape`` of its ``Erfc`` input, 512 KiB more than planned, 5.62
-    MB for a 5.69 MB budget in 1 of 40 runs (a plan predicted at 5.16 MB).
-    Only readers with no control input of their own: a ``Shape`` reads nothing
-    but its value, so the edge cannot close a cycle."""
+    MB for a 5.69 MB budget in 1 of 40 runs (a plan predicted at 5.16 MB).  A
+    shape reader that also waits for something (Keras's loss takes the
+    logits' ``Shape`` after a label-shape ``Assert``) holds its value as long.
+
+    An edge is added only where the shape reader comes before the op in one
+    topological order of the graph (the unscheduled ops, shape readers and what
+    they wait for, as early as they can run), so the edges cannot close a cycle."""
     readers: dict[tuple[str, int], list] = defaultdict(list)
     for node in graph_def.node:
         if node.name in position:
             for ref in _data_inputs(node):
                 readers[ref].append(node)
-    for node in list(graph_def.node):
-        if node.op not in SHAPE_OPS or node.name in position \
-                or any(i.startswith("^") for i in node.input) \
-                or not same_device(node.device, device):
-            continue
+    shape_reads = [node for node in graph_def.node
+                   if node.op in SHAPE_OPS and node.name not in position
+                   and same_device(node.device, device)
+                   and any(ref in readers for ref in _data_inputs(node))]
+    if not shape_reads:
+        return
+    rank = _unscheduled_first(graph_def, position)
+    for node in shape_reads:
         for ref in _data_inputs(node):
             for reader in readers.get(ref, ()):
-                if "^" + node.name not in reader.input:
+                if rank[node.name] < rank[reader.name] and "^" + node.name not in reader.input:
                     reader.input.append("^" + node.name)
+
+
+def _unscheduled_first(graph_def, position: dict) -> dict[str, int]:
+    """Each node's place in a topological order that runs a ready node the
+    schedule leaves out before any scheduled one."""
+    nodes = {n.name: n for n in graph_def.node}
+    indeg = {name: 0 for name in nodes}
+    succ = defaultdict(list)
+    for n in graph_def.node:
+        for p in set(_predecessors(n)):
+            if p in nodes:
+                indeg[n.name] += 1
+                succ[p].append(n.name)
+    free = deque(name for name in nodes if indeg[name] == 0 and name not in position)
+    chained = deque(name for name in nodes if indeg[name] == 0 and name in position)
+    rank: dict[str, int] = {}
+    while free or chained:
+        name = free.popleft() if free else chained.popleft()
+        rank[name] = len(rank)
+        for s in succ[name]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                (chained if s in position else free).append(s)
+    if len(rank) != len(nodes):
+        topological_order(graph_def)   # raises, naming the cycle
+    return rank
 
 
 # Ops the run-time folding leaves alone however constant their inputs.
