@@ -237,14 +237,7 @@ def _shape_reads_first(graph_def, nodes: dict, position: dict, device: str) -> N
 def _unscheduled_first(graph_def, position: dict) -> dict[str, int]:
     """Each node's place in a topological order that runs a ready node the
     schedule leaves out before any scheduled one."""
-    nodes = {n.name: n for n in graph_def.node}
-    indeg = {name: 0 for name in nodes}
-    succ = defaultdict(list)
-    for n in graph_def.node:
-        for p in set(_predecessors(n)):
-            if p in nodes:
-                indeg[n.name] += 1
-                succ[p].append(n.name)
+    nodes, indeg, succ = _in_degrees(graph_def)
     free = deque(name for name in nodes if indeg[name] == 0 and name not in position)
     chained = deque(name for name in nodes if indeg[name] == 0 and name in position)
     rank: dict[str, int] = {}
@@ -265,11 +258,9 @@ _NEVER_FOLDED = frozenset({"Placeholder", "Switch", "Merge", "Enter", "Exit", "N
                            "LoopCond", "SwapIn", "SwapOut"})
 
 
-def topological_order(graph_def) -> list[str]:
-    """A topological order of the GraphDef's nodes (ties kept in GraphDef order).
-
-    Raises :class:`RewriteError` naming nodes on a cycle.
-    """
+def _in_degrees(graph_def) -> tuple[dict, dict[str, int], dict[str, list[str]]]:
+    """The GraphDef's nodes by name, each one's count of distinct predecessors in
+    the graph, and each one's successors."""
     nodes = {n.name: n for n in graph_def.node}
     indeg = {name: 0 for name in nodes}
     succ = defaultdict(list)
@@ -278,6 +269,15 @@ def topological_order(graph_def) -> list[str]:
             if p in nodes:
                 indeg[n.name] += 1
                 succ[p].append(n.name)
+    return nodes, indeg, succ
+
+
+def topological_order(graph_def) -> list[str]:
+    """A topological order of the GraphDef's nodes (ties kept in GraphDef order).
+
+    Raises :class:`RewriteError` naming nodes on a cycle.
+    """
+    nodes, indeg, succ = _in_degrees(graph_def)
     ready = deque(name for name in nodes if indeg[name] == 0)
     order = []
     while ready:
