@@ -257,7 +257,10 @@ def test_each_program_the_variants_make_is_simulated_once(monkeypatch):
     # Some of its ops have planned scratch: each variant also scans with chains
     # that run them.
     assert any(op.scratch_bytes for op in graph.ops)
-    assert len(plans) == 1 + 2 * len(byte_planner.RECOMPUTE_VARIANTS)
+    # Where the fastest of those still copies, the retrying variants too.
+    first = 1 + 2 * len(byte_planner.RECOMPUTE_VARIANTS)
+    copies = min(plans[:first], key=lambda p: p.prediction.step_time_s).prediction.swap_out_bytes
+    assert len(plans) == first + (2 * len(byte_planner.RETRY_VARIANTS) if copies else 0)
     held = byte_planner.variants(graph, budget, spec, memory="shared",
                                  compiled=problem.compiled, recomputable=problem.recomputable,
                                  swaps_alone=False, checkpoints="only")
@@ -376,6 +379,7 @@ def test_the_compiled_scan_makes_the_reference_scans_programs(name, graph):
         assert remade
     if name in SEGMENTED_CASES:
         assert segmented, "a segment should be made again at some cap"
+
 
 
 def _forward_backward(n: int = 12, input_mb: int = 8, loss_reads_input: bool = False):

@@ -56,7 +56,8 @@ position under ``cap_bytes``:
   buffer past its last reader until the last remake that reads it (``ext``),
   refuses a drop whose checkpoint is gone already, never drops a checkpoint
   itself, and tries a drop refused at one position again at the next that
-  drops (the remakes planned since can make room for it).  This
+  drops (the remakes planned since can make room for it; so do the
+  :data:`RETRY_VARIANTS` of the chains without checkpoints).  This
   is where recomputation pays: the swap plan is made knowing what was
   dropped (ResNet-50 b512 on a 16 GiB V100: 0.91 of ideal, 0.83 without
   segments, against 0.41 for the same planner copying only; BERT-base b64 on
@@ -142,6 +143,19 @@ SEGMENT_SHARE = 0.25
 # 2.34x of ideal against 7.71x without checkpoints (8.19x before them), and
 # 7.15x with checkpoints at SEGMENT_SHARE; BERT-style 13.7x against 14.9x.
 CHECKPOINT_VARIANTS = ((0.1, "cheapest", 1.0),)
+# The (share, drop order, segment share) variants scanned again, where the
+# fastest plan of the others still copies, with drops that a segment refused
+# at one position tried again at the next that drops (``retry``; the others
+# keep a refused drop refused, which the checkpoint variants do not: there
+# a later position's remakes can make room).  A drop refused because two of
+# its segment's remakes would make the same temporary for one op, or because
+# the op there had no room beside them, often passes a few positions on, once
+# other drops have moved the remakes.  Saved zoo problems on a 50 MB/s link
+# (2026-11-28): LSTM-4 at 60% 1.65x -> 1.26x of ideal (the first variant);
+# BERT-style at 40% 4.04x -> 3.56x, 4.91x -> 4.34x, 4.99x -> 4.44x in three
+# profiles (the second).  As replacements they lost elsewhere (BERT-base b64
+# on the H100 bf16: 0.766 -> 0.742 of ideal), so they are scanned beside them.
+RETRY_VARIANTS = ((0.25, "farthest", SEGMENT_SHARE), (0.1, "cheapest", 1.0))
 
 
 # Caps guessed from the arena's overhead before the shared arena's cap is
@@ -379,14 +393,16 @@ class _ByteScan:
     def __init__(self, cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec,
                  lookahead: float | None, margin_s: float, chains: _Chains | None = None,
                  share: float = RECOMPUTE_SHARES[0], drop_order: str = DROP_ORDERS[0],
-                 segment_share: float = SEGMENT_SHARE):
+                 segment_share: float = SEGMENT_SHARE, retry: bool | None = None):
         self.cg, self.order = cg, [int(o) for o in order]
         self.drop_order, self.segment_share = drop_order, segment_share
         # Recomputation (``chains``: None, none): a buffer whose value its ops
         # make again for at most ``share`` of its round trip is dropped and
         # made again instead of copied (see the module doc).
         self.chains = chains
-        self.retry = chains is not None and chains.checkpoints
+        # Drops refused at one position tried again at the next (``retry``; None:
+        # where chains read checkpoints, see :meth:`_drop_one`).
+        self.retry = chains is not None and (chains.checkpoints if retry is None else retry)
         self.share_s_per_byte = share * (1.0 / spec.d2h_bytes_per_s + 1.0 / spec.h2d_bytes_per_s)
         self.n = n = len(self.order)
         self.never = 2 * n + 2
@@ -648,8 +664,7 @@ class _ByteScan:
             # Refused at an earlier position: tried again here, where the remakes
             # planned since (a segment's readers, what each position holds) can
             # differ (the Transformer at 40% on a 50 MB/s link: 8.19x -> 7.71x).
-            # Only where chains read checkpoints: in the other variants it moved
-            # BERT-base b64 on the H100 bf16 from 0.766 to 0.742 of ideal.
+            # Where chains read checkpoints, and in RETRY_VARIANTS.
             for ranked in self.refused:
                 heapq.heappush(self.cheap, ranked)
             self.refused.clear()
@@ -792,13 +807,14 @@ class _ByteScan:
 
 def _scan(cg: CompiledGraph, order, spec: DeviceSpec, cap_bytes: int, lookahead,
           margin_s: float, chains: "_Chains | None", share: float, drop_order: str,
-          reference: bool = False, segment_share: float = SEGMENT_SHARE) -> Program:
+          reference: bool = False, segment_share: float = SEGMENT_SHARE,
+          retry: bool | None = None) -> Program:
     """One byte-cap scan's program: the compiled scan
     (:func:`tfswap.core.native.byte_scan`), or with ``reference`` the Python one
     (:class:`_ByteScan`), which it follows exactly (tests/core/test_byte_planner.py)."""
     if reference:
         return _ByteScan(cg, order, spec, lookahead, margin_s, chains, share,
-                         drop_order, segment_share).run(int(cap_bytes))
+                         drop_order, segment_share, retry).run(int(cap_bytes))
     static = _static(cg, order)
     cap = int(cap_bytes)
     if static.start_bytes > cap:
@@ -811,7 +827,8 @@ def _scan(cg: CompiledGraph, order, spec: DeviceSpec, cap_bytes: int, lookahead,
                            share_s_per_byte, drop_order == "cheapest",
                            chains.native_at if chains is not None else None,
                            int(segment_share * (cap - static.start_bytes)), static.floor,
-                           retry=chains is not None and chains.checkpoints)
+                           retry=chains is not None and (chains.checkpoints if retry is None
+                                                         else retry))
     if isinstance(got, tuple):
         k, need = got
         op = cg.graph.ops[int(order[k])]
@@ -844,7 +861,8 @@ def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_by
                   lookahead: float | None = None, recency_margin_s: float = 0.0,
                   recompute=frozenset(), recompute_share: float = RECOMPUTE_SHARES[0],
                   drop_order: str = DROP_ORDERS[0], reference: bool = False,
-                  checkpoints: bool = False, segment_share: float = SEGMENT_SHARE) -> Program:
+                  checkpoints: bool = False, segment_share: float = SEGMENT_SHARE,
+                  retry: bool | None = None) -> Program:
     """The swap program for ``order`` with at most ``cap_bytes`` of pool buffers
     planned at any position (module docstring).  Raises
     :class:`~tfswap.core.planner.InfeasibleAllocation` when an op's own buffers or
@@ -855,8 +873,10 @@ def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_by
     read checkpoints (values the step no longer holds, held until the remake:
     :func:`~tfswap.core.recompute.value_chain`); ``segment_share``: what the
     remakes at one position of a segment may make, of the cap less the
-    parameters (:data:`SEGMENT_SHARE`).  ``reference``: scan in Python (what the
-    compiled scan is tested against).
+    parameters (:data:`SEGMENT_SHARE`); ``retry``: a drop refused at one position
+    is tried again at the next that drops (None: where chains read checkpoints;
+    :data:`RETRY_VARIANTS`).  ``reference``: scan in Python (what the compiled
+    scan is tested against).
 
     Example::
 
@@ -873,7 +893,7 @@ def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_by
     chains = _chains(cg, [int(o) for o in order], frozenset(recompute),
                      checkpoints=checkpoints) if recompute else None
     return _scan(cg, order, spec, int(cap_bytes), lookahead, recency_margin_s, chains,
-                 recompute_share, drop_order, reference, segment_share)
+                 recompute_share, drop_order, reference, segment_share, retry)
 
 
 def _unlimited_pool(cg, order) -> Allocation:
@@ -941,8 +961,9 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     recomputation (unless ``swaps_alone`` is False and ``recomputable`` names
     ops), and with it at each of :data:`RECOMPUTE_VARIANTS` when ``recomputable``
     names ops (twice where one of them has planned scratch: with chains that
-    run such ops and without), and, with ``checkpoints`` and where the fastest
-    of those still copies, at each of :data:`CHECKPOINT_VARIANTS` with chains
+    run such ops and without), where the fastest of those still copies at each
+    of :data:`RETRY_VARIANTS` too (as often), and, with ``checkpoints`` and
+    where the fastest of those still copies, at each of :data:`CHECKPOINT_VARIANTS` with chains
     that read checkpoints (and run ops with planned scratch where some have it);
     ``checkpoints="only"``: those alone, whatever the others plan.  For a
     caller that improves each further before choosing (the shared search's
@@ -981,21 +1002,21 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     # The variants' scans often make the same program (a recomputing one that
     # dropped nothing at some cap): each program is simulated once.
     simulated = {}
-    tries = []   # (chains, share, drop order, segment share)
+    tries = []   # (chains, share, drop order, segment share, retry)
     if checkpoints != "only":
         if swaps_alone or not chains:
-            tries.append((None, 1.0, DROP_ORDERS[0], SEGMENT_SHARE))
-        tries += [(c, share, drop_order, SEGMENT_SHARE) for c in (chains, wide) if c
+            tries.append((None, 1.0, DROP_ORDERS[0], SEGMENT_SHARE, None))
+        tries += [(c, share, drop_order, SEGMENT_SHARE, None) for c in (chains, wide) if c
                   for share, drop_order in RECOMPUTE_VARIANTS]
 
     def scan(tried) -> None:
         nonlocal refused
-        choice, share, drop_order, segment_share = tried
+        choice, share, drop_order, segment_share, retry = tried
         try:
             plans.append(_plan_in(graph, cg, order, room, budget_bytes, spec, choice, share,
                                   memory=memory, lookahead=lookahead, rounds=rounds,
                                   drop_order=drop_order, simulated=simulated,
-                                  segment_share=segment_share))
+                                  segment_share=segment_share, retry=retry))
         except InfeasibleAllocation as err:
             refused = err
         except PlanError as err:   # the scan planned what the simulator cannot run
@@ -1006,28 +1027,37 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
 
     for tried in tries:
         scan(tried)
+
+    def copies() -> bool:
+        return not plans or bool(min(plans, key=lambda p: p.prediction.step_time_s)
+                                 .prediction.swap_out_bytes)
+
+    if checkpoints != "only" and RETRY_VARIANTS and copies():
+        for c in (chains, wide):
+            for share, drop_order, segment_share in (RETRY_VARIANTS if c else ()):
+                scan((c, share, drop_order, segment_share, True))
     # Checkpoints where the fastest plan so far still copies (a plan that moves
     # nothing has no copy for them to save; their chains cost planning time).
-    if allowed and (checkpoints == "only" or checkpoints and (not plans or min(
-            plans, key=lambda p: p.prediction.step_time_s).prediction.swap_out_bytes)):
+    if allowed and (checkpoints == "only" or checkpoints and copies()):
         held = _chains(cg, [int(o) for o in order], allowed, scratch=wide is not None,
                        checkpoints=True)
         for share, drop_order, segment_share in CHECKPOINT_VARIANTS:
-            scan((held, share, drop_order, segment_share))
+            scan((held, share, drop_order, segment_share, None))
     if not plans:
         raise refused or InfeasibleAllocation("no variant to scan")
     return plans
 
 
 def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memory, lookahead,
-             rounds, drop_order=DROP_ORDERS[0], simulated=None, segment_share=SEGMENT_SHARE):
+             rounds, drop_order=DROP_ORDERS[0], simulated=None, segment_share=SEGMENT_SHARE,
+             retry=None):
     """The plan of one variant; ``simulated``: program -> (result, pool) of the
     programs simulated already (filled in)."""
     simulated = {} if simulated is None else simulated
 
     def attempt(cap):
         prog = _scan(cg, order, spec, int(cap), lookahead, 0.0, chains, share, drop_order,
-                     segment_share=segment_share)
+                     segment_share=segment_share, retry=retry)
         got = simulated.get(prog)
         if got is None:
             got = simulated[prog] = _simulated(cg, order, prog, spec, memory == "shared")
