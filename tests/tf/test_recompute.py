@@ -513,6 +513,24 @@ def test_two_gates_remade_before_one_op_share_their_chains_copies():
         np.testing.assert_array_equal(np.asarray(got[key]), want[key].numpy())
 
 
+def _analytic(step):
+    """(spec, ``optimize``'s options, the step's unconstrained peak in bytes) for
+    planning ``step`` on the slow link the same way on every run: times from the
+    roofline of fixed figures, not a trace, and a budget from the model's peak, not
+    a measured one (a traced profile's timings and a measured peak differ from run
+    to run, and with them the plan: the LSTM's shared remakes were planned in two
+    suite runs of several so)."""
+    from tfswap import pipeline
+    from tfswap.options import Options
+
+    spec = dataclasses.replace(cpu_emulated(link_bytes_per_s=LINK),
+                               memory_bandwidth_bytes_per_s=FIXED_MEMORY_BYTES_PER_S)
+    options = dict(generations=2, seed=0, workers=1, inputs=step.batch, parameters="device",
+                   verify_rounds=0, device_spec=spec, profile="analytic")
+    prepared = pipeline.prepare(step.concrete_fn, Options.of(1.0, **options))
+    return spec, options, pipeline.first_attempt(prepared).step.unconstrained.prediction.peak_bytes
+
+
 def test_an_lstm_planned_with_shared_remakes_trains_exactly_within_its_budget():
     """The zoo LSTM on a slow link, planned with its remakes moved to share their
     cells' MatMuls and Splits (``in_after``): its measured peak stays within the
@@ -522,21 +540,9 @@ def test_an_lstm_planned_with_shared_remakes_trains_exactly_within_its_budget():
     def build():
         return zoo.lstm(batch=64, steps=8, features=16, units=32, layers=2)
 
-    from tfswap import pipeline
-    from tfswap.options import Options
-
     reference = build()
     step = build()
-    # Times from the roofline of fixed figures, not a trace, and the budget from the
-    # model's unconstrained peak, not a measured one: a traced profile's timings and
-    # a measured peak differ from run to run, and with them the plan (which shared
-    # no chain in two suite runs of several when planned so).
-    spec = dataclasses.replace(cpu_emulated(link_bytes_per_s=LINK),
-                               memory_bandwidth_bytes_per_s=FIXED_MEMORY_BYTES_PER_S)
-    options = dict(generations=2, seed=0, workers=1, inputs=step.batch, parameters="device",
-                   verify_rounds=0, device_spec=spec, profile="analytic")
-    prepared = pipeline.prepare(step.concrete_fn, Options.of(1.0, **options))
-    peak = pipeline.first_attempt(prepared).step.unconstrained.prediction.peak_bytes
+    spec, options, peak = _analytic(step)
     # Smaller steps leave no room: their parameters alone pass 60% of the peak.
     budget = int(0.8 * peak)
     fast = tfswap.optimize(step.concrete_fn, budget, **options)
@@ -579,14 +585,7 @@ def test_drops_refused_at_one_position_and_retried_later_plan_the_lstm_faster(mo
 
     reference = build()
     step = build()
-    # Analytic times and a budget from the model's own peak: the same plans on
-    # every run (see test_an_lstm_planned_with_shared_remakes_trains_exactly...).
-    spec = dataclasses.replace(cpu_emulated(link_bytes_per_s=LINK),
-                               memory_bandwidth_bytes_per_s=FIXED_MEMORY_BYTES_PER_S)
-    options = dict(generations=2, seed=0, workers=1, inputs=step.batch, parameters="device",
-                   verify_rounds=0, device_spec=spec, profile="analytic")
-    peak = pipeline.first_attempt(pipeline.prepare(step.concrete_fn, Options.of(
-        1.0, **options))).step.unconstrained.prediction.peak_bytes
+    spec, options, peak = _analytic(step)
     budget = int(0.6 * peak)
     prepared = pipeline.prepare(step.concrete_fn, Options.of(budget, **options))
     attempt = pipeline.first_attempt(prepared)
