@@ -144,6 +144,11 @@ def parse_args(argv=None):
     parser.add_argument("--timeout-s", type=float, default=None,
                         help="seconds each model's subprocess may take (default: no limit)")
     parser.add_argument("--out", default="benchmarks/out/gpu_validate_h100.csv")
+    parser.add_argument("--problems", default=None, metavar="DIR",
+                        help="where each row's planning problem is written "
+                             "(tfswap.core.problem_file; `benchmarks/replan.py` plans them "
+                             "again); default: benchmarks/problems on a GPU, "
+                             "<out>_problems beside --out with --emulated")
     parser.add_argument("--merge", nargs="+", default=None, metavar="CSV",
                         help="only merge these CSVs (and their .jsonl) into --out")
     parser.add_argument("--arena", action="store_true",
@@ -153,6 +158,9 @@ def parse_args(argv=None):
     parser.add_argument("--arena-base", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--arena-row", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.problems is None:
+        args.problems = str(Path(args.out).with_suffix("")) + "_problems" if args.emulated \
+            else str(ROOT / "benchmarks" / "problems")
     table = SMALL if args.small else FULL
     args.models = [m for m in args.models.split(",") if m]
     unknown = [m for m in args.models if m not in table]
@@ -351,7 +359,6 @@ def run_model(name: str, args) -> None:
                                    parameters="auto" if homes == "auto" else "device")
             row["plan_s"] = time.perf_counter() - start
             row.update(plan_fields(fast))
-            save_problem(args.out, name, fraction, fast)
             row["measured_peak_bytes"], row["measured_how"] = peak(
                 fast, fast.graph_def, step.batch, fast.captured, device, method)
             row["measured_step_s"] = step_time(fast, step.batch, fast.captured.variables,
@@ -375,6 +382,8 @@ def run_model(name: str, args) -> None:
         except Exception as err:   # one row's failure (BudgetError, OOM) is a result
             row["error"] = f"{type(err).__name__}: {err}"[:2000]
             row["traceback"] = traceback.format_exc()[-4000:]
+        if fast is not None:
+            row["problem_file"] = save_problem(args, name, fraction, fast, row)
         emit(row)
         del fast
         gc.collect()
@@ -383,26 +392,31 @@ def run_model(name: str, args) -> None:
 # ---------------------------------------------------------------- --arena
 
 
-def problems_path(out, name: str) -> Path:
-    return Path(out).with_suffix(f".{name}.problems.pkl")
+def problem_path(args, name: str, fraction: float) -> Path:
+    """Where the row of ``name`` at ``fraction`` writes its planning problem."""
+    return Path(args.problems) / f"{Path(args.out).stem}.{name}.{fraction:g}.json.gz"
 
 
-def save_problem(out, name: str, fraction: float, fast) -> None:
-    """Add this row's planning problem (the lowered step with the device's profile), its
-    device spec, budget and plan to ``<out>.<model>.problems.pkl``, so that a plan made
-    on a GPU can be searched again, simulated and studied on a machine without one::
+def save_problem(args, name: str, fraction: float, fast, row: dict) -> str:
+    """Write this row's planning problem (the lowered step with the device's profile),
+    the device's figures, the budgets, the plan that ran and the measured row
+    (:mod:`tfswap.core.problem_file`), so a machine without the device plans it
+    again: ``python benchmarks/replan.py benchmarks/problems/*.json.gz``.  Its
+    path, or why it was not written."""
+    from tfswap.core import problem_file
 
-        rows = pickle.load(open("gv.resnet50.problems.pkl", "rb"))
-        problem, spec, budget = rows[0]["problem"], DeviceSpec.from_json(rows[0]["spec"]), ...
-    """
-    import pickle
-
-    path = problems_path(out, name)
-    rows = pickle.loads(path.read_bytes()) if path.exists() else []
-    rows.append(dict(fraction=fraction, budget_bytes=fast.budget_bytes,
-                     problem=fast.problem, spec=fast.spec.to_json(),
-                     plan=fast.plan.to_json()))
-    path.write_bytes(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))
+    # What the default planner was told must fit: TensorFlow's allocator serves
+    # these rows (no budget arena), measured unless verify_rounds is 0
+    # (tfswap.budget_arena.allocator_of).
+    allocator = "exact" if args.verify_rounds > 0 else "guarded"
+    saved = problem_file.SavedProblem(
+        fast.problem, fast.spec, budget_bytes=fast.budget_bytes,
+        planner_budget_bytes=fast.planner_budget_bytes, allocator=allocator, plan=fast.plan,
+        row={k: v for k, v in row.items() if k != "traceback"})
+    try:
+        return str(problem_file.write(problem_path(args, name, fraction), saved))
+    except (OSError, ValueError, TypeError) as err:   # the row stands without it
+        return f"not written: {type(err).__name__}: {err}"
 
 
 def reference_path(out, name: str) -> Path:

@@ -52,20 +52,28 @@ def test_gpu_validate_writes_one_row_within_its_budget(tmp_path):
     assert "explain_error" not in details[0], details[0].get("explain_error")
     assert details[0]["stats_peak_bytes"] > 0 and details[0]["profile_peak_bytes"] > 0
     assert isinstance(details[0]["executed_added_types"], dict)
-    # The row's planning problem is saved: the plan simulates again to its prediction
-    # here, without TensorFlow's device (how a GPU's plans are studied on a CPU).
-    import pickle
+    # The row's planning problem is saved (tfswap.core.problem_file), with the measured
+    # row: the plan simulates again to its prediction here, without TensorFlow's
+    # device (how a GPU's plans are studied on a CPU), and the re-plan command plans it.
+    from tfswap.core import problem_file, simulator
 
-    from tfswap.core import simulator
-    from tfswap.core.devices import DeviceSpec
-    from tfswap.core.plan import Plan
-
-    saved = pickle.loads(out.with_suffix(".cnn.problems.pkl").read_bytes())
-    assert [r["fraction"] for r in saved] == [0.5]
-    problem, plan = saved[0]["problem"], Plan.from_json(saved[0]["plan"])
-    again = simulator.simulate(problem.graph, plan, DeviceSpec.from_json(saved[0]["spec"]),
-                               keep=problem.keep, compiled=problem.compiled)
+    path = Path(details[0]["problem_file"])
+    assert path == tmp_path / "gpu_validate_problems" / "gpu_validate.cnn.0.5.json.gz"
+    saved = problem_file.read(path)
+    assert saved.row["measured_peak_bytes"] == int(row["measured_peak_bytes"])
+    assert saved.budget_bytes == int(row["budget_bytes"]) >= saved.planner_budget_bytes
+    assert saved.allocator == "exact"   # TF's allocator, the plan verified
+    again = simulator.simulate(saved.problem.graph, saved.plan, saved.spec,
+                               keep=saved.problem.keep, compiled=saved.problem.compiled)
     assert again.step_time_s == pytest.approx(float(row["predicted_step_s"]), rel=1e-5)
+    table = tmp_path / "replan.csv"
+    printed = _run("benchmarks/replan.py", str(path), "--planners", "tfswap,tfswap.order",
+                   "--generations", "2", "--out", str(table))
+    assert "cnn" in printed and "tfswap.order" in printed
+    with table.open() as f:
+        replanned = list(csv.DictReader(f))
+    assert [r["planner"] for r in replanned] == ["tfswap", "tfswap.order"]
+    assert all(float(r["vs_ideal"]) >= 1.0 or r["error"] for r in replanned)
     # Merging the CSVs of several calls keeps the columns and the rows.
     merged = tmp_path / "merged.csv"
     _run("benchmarks/gpu_validate.py", "--merge", str(out), str(out), "--out", str(merged))

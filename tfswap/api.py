@@ -54,7 +54,10 @@ class OptimizedFunction:
     was chosen, or why it planned nothing).  ``problem``: the
     :class:`tfswap.core.problem.Problem` the planner solved (the lowered step
     with its profile; None for a loaded plan), which the core's planners and
-    simulator take on a machine without TensorFlow or the device.
+    simulator take on a machine without TensorFlow or the device;
+    ``planner_budget_bytes``: what the planner was given of ``budget_bytes`` (less
+    the device bytes the plan does not see, the safety margin and any re-plan's
+    cut; None for a loaded plan).
     """
 
     plan: Plan
@@ -85,6 +88,7 @@ class OptimizedFunction:
     # ``replicated.step_time_s`` is the step's predicted time; None otherwise.
     replicated: Any = None
     candidates: tuple = ()
+    planner_budget_bytes: int | None = None
 
     def parameter_traffic(self) -> tuple:
         """Per variable in host memory, what one step fetches and writes back, the most
@@ -339,7 +343,7 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
         relocation=prepared.relocation, problem=planned.attempt.step.problem,
         replica_plans=planned.replica_plans, replica_carried=planned.carried,
         replicated=planned.replicated,
-        candidates=planned.candidates)
+        candidates=planned.candidates, planner_budget_bytes=planned.attempt.planner_budget)
 
 
 def parameters_text(plan: Plan, lowered, captured) -> str:

@@ -1,0 +1,143 @@
+"""Plan saved planning problems again, on a machine without their device (issue #41).
+
+    python benchmarks/replan.py benchmarks/problems/*.json.gz
+        [--planners tfswap,tfswap.ga,tfswap.bytes,tfswap.order,tfswap.recompute]
+        [--generations 20] [--out replan.csv]
+
+Each file is a row of ``benchmarks/gpu_validate.py`` (``--problems``): the step as
+lowered and profiled on the device it ran on, that device's figures, the budget the
+planner got, the plan that ran and what was measured
+(:mod:`tfswap.core.problem_file`).  Each planner named plans it again here with
+``--generations`` generations, one thread, seed 0, told what must fit as
+``optimize`` was (the saved allocator); a line per planner gives its predicted step
+against the profile's ideal and its predicted peak against the planner's budget,
+and a line per file what ran on the device (the saved plan's prediction, the
+measured step and peak, the unmodified step).  A planner that beats the saved plan
+here is a change worth measuring on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import inspect
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PLANNERS = ("tfswap", "tfswap.ga", "tfswap.bytes", "tfswap.order", "tfswap.recompute")
+COLUMNS = ("file", "model", "fraction", "planner", "predicted_step_s", "ideal_s", "vs_ideal",
+           "predicted_peak_bytes", "planner_budget_bytes", "plan_s", "saved_predicted_step_s",
+           "measured_step_s", "unmodified_step_s", "measured_peak_bytes", "error")
+
+
+def options_for(name: str, saved, generations: int) -> dict:
+    """The keyword arguments planner ``name`` takes: the search's settings and what
+    must fit (the allocator ``optimize`` had, where the planner takes one)."""
+    from tfswap.core import planners
+    from tfswap.core.search_config import SearchConfig
+
+    takes = inspect.signature(planners.get(name)).parameters
+    options = {}
+    if "config" in takes:
+        options["config"] = SearchConfig(max_generations=generations, time_budget_s=None,
+                                         workers=1, seed=0)
+    if "allocator" in takes:
+        options["allocator"] = saved.allocator
+    return options
+
+
+def rows_of(path: Path, planner_names, generations: int) -> list[dict]:
+    """One row per planner for the saved problem at ``path``."""
+    from tfswap.core import planners, problem_file
+    from tfswap.core.infeasible import Infeasible
+
+    saved = problem_file.read(path)
+    ran = saved.row
+    common = dict(file=path.name, model=ran.get("model", ""), fraction=ran.get("fraction", ""),
+                  planner_budget_bytes=saved.planner_budget_bytes,
+                  saved_predicted_step_s=saved.plan.prediction.step_time_s if saved.plan else None,
+                  measured_step_s=ran.get("measured_step_s"),
+                  unmodified_step_s=ran.get("unmodified_step_s"),
+                  measured_peak_bytes=ran.get("measured_peak_bytes"))
+    rows = []
+    for name in planner_names:
+        row = dict(common, planner=name)
+        start = time.process_time()
+        try:
+            plan = planners.run(name, saved.problem, saved.planner_budget_bytes, saved.spec,
+                                **options_for(name, saved, generations)).plan
+        except Infeasible as err:
+            row["error"] = f"does not fit: {err}"[:300]
+        else:
+            p = plan.prediction
+            row.update(predicted_step_s=p.step_time_s, ideal_s=p.ideal_time_s,
+                       vs_ideal=p.step_time_s / p.ideal_time_s, predicted_peak_bytes=p.peak_bytes)
+        row["plan_s"] = time.process_time() - start
+        rows.append(row)
+    return rows
+
+
+def _ms(seconds) -> str:
+    return f"{seconds * 1e3:.3g} ms" if isinstance(seconds, (int, float)) else "-"
+
+
+def describe(rows: list[dict]) -> str:
+    first = rows[0]
+    lines = [f"{first['file']}: {first['model']} at {first['fraction']}, planner budget "
+             f"{first['planner_budget_bytes']} B; ran: predicted "
+             f"{_ms(first['saved_predicted_step_s'])}, measured {_ms(first['measured_step_s'])}"
+             f" (unmodified {_ms(first['unmodified_step_s'])}), peak "
+             f"{first['measured_peak_bytes'] if first['measured_peak_bytes'] is not None else '-'} B"]
+    for row in rows:
+        if row.get("error"):
+            lines.append(f"  {row['planner']:<18} {row['error']}")
+        else:
+            lines.append(f"  {row['planner']:<18} {_ms(row['predicted_step_s']):>10}  "
+                         f"{row['vs_ideal']:.3f}x ideal  peak {row['predicted_peak_bytes']} B  "
+                         f"({row['plan_s']:.1f} s)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("files", nargs="+", type=Path, help="saved problems (.json.gz)")
+    parser.add_argument("--planners", default=",".join(PLANNERS),
+                        help="comma-separated registered planners")
+    parser.add_argument("--generations", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+    from tfswap.core import planners
+
+    names = [n for n in args.planners.split(",") if n]
+    unknown = [n for n in names if n not in planners.PLANNERS]
+    if unknown:
+        parser.error(f"unknown planner(s) {unknown}; registered: {sorted(planners.PLANNERS)}")
+    if args.generations < 1:
+        parser.error("--generations must be >= 1")
+    from tfswap.core.problem_file import ProblemFileError
+
+    rows = []
+    for path in args.files:
+        try:
+            got = rows_of(path, names, args.generations)
+        except (OSError, ProblemFileError) as err:
+            print(f"replan.py: {err}", file=sys.stderr)
+            return 2
+        print(describe(got), flush=True)
+        rows += got
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
