@@ -405,17 +405,13 @@ def save_problem(args, name: str, fraction: float, fast, row: dict) -> str:
     path, or why it was not written."""
     from tfswap.core import problem_file
 
-    # What the default planner was told must fit: TensorFlow's allocator serves
-    # these rows (no budget arena), measured unless verify_rounds is 0
-    # (tfswap.budget_arena.allocator_of).
-    allocator = "exact" if args.verify_rounds > 0 else "guarded"
-    saved = problem_file.SavedProblem(
-        fast.problem, fast.spec, budget_bytes=fast.budget_bytes,
-        planner_budget_bytes=fast.planner_budget_bytes, allocator=allocator, plan=fast.plan,
-        row={k: v for k, v in row.items() if k != "traceback"})
     try:
+        saved = problem_file.SavedProblem(
+            fast.problem, fast.spec, budget_bytes=fast.budget_bytes,
+            planner_budget_bytes=fast.planner_budget_bytes, allocator=fast.allocator,
+            plan=fast.plan, row={k: v for k, v in row.items() if k != "traceback"})
         return str(problem_file.write(problem_path(args, name, fraction), saved))
-    except (OSError, ValueError, TypeError) as err:   # the row stands without it
+    except Exception as err:   # the row stands without it
         return f"not written: {type(err).__name__}: {err}"
 
 
@@ -573,7 +569,9 @@ def main(argv=None):
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    passed = [a for a in (argv if argv is not None else sys.argv[1:])]
+    # The children run in the repository's root: paths as this process sees them.
+    passed = [a for a in (argv if argv is not None else sys.argv[1:])] + [
+        "--out", str(out.resolve()), "--problems", str(Path(args.problems).resolve())]
     rows = []
     out.parent.mkdir(parents=True, exist_ok=True)
     log = out.with_suffix(".log")

@@ -41,6 +41,8 @@ def options_for(name: str, saved, generations: int) -> dict:
 
     takes = inspect.signature(planners.get(name)).parameters
     options = {}
+    if "layout" in takes and saved.plan is not None and saved.plan.allocation is not None:
+        options["layout"] = "shared" if saved.plan.allocation.shared else "disjoint"
     if "config" in takes:
         options["config"] = SearchConfig(max_generations=generations, time_budget_s=None,
                                          workers=1, seed=0)
@@ -52,7 +54,7 @@ def options_for(name: str, saved, generations: int) -> dict:
 def rows_of(path: Path, planner_names, generations: int) -> list[dict]:
     """One row per planner for the saved problem at ``path``."""
     from tfswap.core import planners, problem_file
-    from tfswap.core.infeasible import Infeasible
+    from tfswap.core.infeasible import Infeasible, UnsupportedProblem
 
     saved = problem_file.read(path)
     ran = saved.row
@@ -69,12 +71,15 @@ def rows_of(path: Path, planner_names, generations: int) -> list[dict]:
         try:
             plan = planners.run(name, saved.problem, saved.planner_budget_bytes, saved.spec,
                                 **options_for(name, saved, generations)).plan
+        except UnsupportedProblem as err:   # e.g. parameters in host memory, for tfswap.bytes
+            row["error"] = f"cannot plan this step: {err}"[:300]
         except Infeasible as err:
             row["error"] = f"does not fit: {err}"[:300]
         else:
             p = plan.prediction
             row.update(predicted_step_s=p.step_time_s, ideal_s=p.ideal_time_s,
-                       vs_ideal=p.step_time_s / p.ideal_time_s, predicted_peak_bytes=p.peak_bytes)
+                       vs_ideal=p.step_time_s / p.ideal_time_s if p.ideal_time_s else None,
+                       predicted_peak_bytes=p.peak_bytes)
         row["plan_s"] = time.process_time() - start
         rows.append(row)
     return rows
@@ -96,7 +101,7 @@ def describe(rows: list[dict]) -> str:
             lines.append(f"  {row['planner']:<18} {row['error']}")
         else:
             lines.append(f"  {row['planner']:<18} {_ms(row['predicted_step_s']):>10}  "
-                         f"{row['vs_ideal']:.3f}x ideal  peak {row['predicted_peak_bytes']} B  "
+                         f"{row['vs_ideal'] or 0:.3f}x ideal  peak {row['predicted_peak_bytes']} B  "
                          f"({row['plan_s']:.1f} s)")
     return "\n".join(lines)
 
@@ -113,6 +118,8 @@ def main(argv=None) -> int:
     from tfswap.core import planners
 
     names = [n for n in args.planners.split(",") if n]
+    if not names:
+        parser.error("--planners names no planner")
     unknown = [n for n in names if n not in planners.PLANNERS]
     if unknown:
         parser.error(f"unknown planner(s) {unknown}; registered: {sorted(planners.PLANNERS)}")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tfswap import anytime, pipeline
+from tfswap.budget_arena import allocator_of
 from tfswap import options as options_mod
 from tfswap import parameters as parameters_mod
 from tfswap.tf import lower as tf_lower
@@ -57,7 +58,8 @@ class OptimizedFunction:
     simulator take on a machine without TensorFlow or the device;
     ``planner_budget_bytes``: what the planner was given of ``budget_bytes`` (less
     the device bytes the plan does not see, the safety margin and any re-plan's
-    cut; None for a loaded plan).
+    cut), and ``allocator`` what of its plan had to fit it
+    (:data:`tfswap.core.best_of.ALLOCATORS`); both None for a loaded plan.
     """
 
     plan: Plan
@@ -89,6 +91,7 @@ class OptimizedFunction:
     replicated: Any = None
     candidates: tuple = ()
     planner_budget_bytes: int | None = None
+    allocator: str | None = None
 
     def parameter_traffic(self) -> tuple:
         """Per variable in host memory, what one step fetches and writes back, the most
@@ -343,7 +346,8 @@ def _function(verified: pipeline.Verified) -> OptimizedFunction:
         relocation=prepared.relocation, problem=planned.attempt.step.problem,
         replica_plans=planned.replica_plans, replica_carried=planned.carried,
         replicated=planned.replicated,
-        candidates=planned.candidates, planner_budget_bytes=planned.attempt.planner_budget)
+        candidates=planned.candidates, planner_budget_bytes=planned.attempt.planner_budget,
+        allocator=allocator_of(prepared, planned.attempt))
 
 
 def parameters_text(plan: Plan, lowered, captured) -> str:

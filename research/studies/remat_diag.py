@@ -16,7 +16,7 @@ import collections
 import pickle
 import sys
 
-from tfswap.core import best_of, byte_planner as BP, recompute as R
+from tfswap.core import byte_planner as BP, recompute as R
 from tfswap.core.program import from_plan
 
 
@@ -158,9 +158,9 @@ def chosen_variant(problem, budget, spec):
     polished = {}
 
     def scan(cg, order, spec_, cap, lookahead, margin, chains, share, drop, reference=False,
-             segment_share=BP.SEGMENT_SHARE):
+             segment_share=BP.SEGMENT_SHARE, retry=None):
         prog = orig_scan(cg, order, spec_, cap, lookahead, margin, chains, share, drop, reference,
-                         segment_share)
+                         segment_share, retry)
         seen[prog] = (cap, lookahead, chains, share, drop, [int(o) for o in order], segment_share)
         return prog
 

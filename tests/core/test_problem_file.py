@@ -9,6 +9,7 @@ import pytest
 
 from tfswap.core import planners, problem_file
 from tfswap.core.devices import cpu_emulated, device_spec
+from tfswap.core.graph import DataflowGraph
 from tfswap.core.problem import Problem
 from tfswap.core.problem_file import ProblemFileError, SavedProblem
 from tfswap.core.search_config import SearchConfig
@@ -80,12 +81,38 @@ def _rewritten(path, change):
     (lambda b: b.update(kind="tfswap.plan"), "not a saved tfswap problem"),
     (lambda b: b.pop("schedule"), "corrupted saved problem"),
     (lambda b: b["ops"][0].pop(), "one op row has 8 values for 9 columns"),
+    (lambda b: b.update(format_version=True), "format version True is not one"),
+    (lambda b: b["spec"].update(warp_drive=1), "fields this tfswap does not know"),
+    (lambda b: b["schedule"].reverse(), "corrupted saved problem"),
+    (lambda b: b["tensors"][0].__setitem__(5, "photon"), "corrupted saved problem"),
 ])
 def test_a_file_this_tfswap_cannot_read_is_refused_with_what_to_do(tmp_path, change, match):
     path = problem_file.write(tmp_path / "p.json.gz", _saved(plan=None))
     _rewritten(path, change)
     with pytest.raises(ProblemFileError, match=match):
         problem_file.read(path)
+
+
+def test_numpy_numbers_are_saved_and_a_time_that_is_not_one_is_refused(tmp_path):
+    import dataclasses
+
+    import numpy as np
+
+    saved = _saved(plan=None)
+    graph = saved.problem.graph
+    ops = [dataclasses.replace(op, time_s=np.float64(op.time_s)) for op in graph.ops]
+    tensors = [dataclasses.replace(t, nbytes=np.int64(t.nbytes)) for t in graph.tensors]
+    numpy_timed = dataclasses.replace(saved, problem=Problem.of(
+        DataflowGraph.build(ops, tensors), keep=saved.problem.keep,
+        schedule=saved.problem.schedule, small_threshold_bytes=4096,
+        recomputable=saved.problem.recomputable), row={"peak": np.int64(7)})
+    got = problem_file.read(problem_file.write(tmp_path / "n.json.gz", numpy_timed))
+    assert got.problem.graph == graph and got.row == {"peak": 7}
+    ops[3] = dataclasses.replace(ops[3], time_s=float("inf"))
+    broken = dataclasses.replace(saved, problem=Problem.of(
+        DataflowGraph.build(ops, graph.tensors), keep=saved.problem.keep))
+    with pytest.raises(ValueError, match=f"op {ops[3].name!r}: a field is not a finite"):
+        problem_file.write(tmp_path / "b.json.gz", broken)
 
 
 def test_a_file_that_is_not_compressed_json_is_refused(tmp_path):

@@ -69,7 +69,12 @@ class SavedProblem:
 
 
 def _columns(items, names) -> list[list]:
-    return [[getattr(item, n) for n in names] for item in items]
+    rows = [[_plain(getattr(item, n)) for n in names] for item in items]
+    for item, row in zip(items, rows):
+        if any(v is None for v in row):   # a time or size that is not a number
+            raise ValueError(f"{type(item).__name__.lower()} {item.name!r}: a field is not "
+                             "a finite number; it cannot be saved")
+    return rows
 
 
 def _rows(cls, names, values) -> list:
@@ -128,7 +133,8 @@ def from_json(text: str) -> SavedProblem:
         raise ProblemFileError(f"not a saved tfswap problem (no kind {KIND!r}); write one "
                                "with tfswap.core.problem_file.write")
     version = body.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+    if isinstance(version, bool) or not isinstance(version, int) or \
+            not 1 <= version <= FORMAT_VERSION:
         raise ProblemFileError(f"problem format version {version!r} is not one this tfswap "
                                f"reads (1 to {FORMAT_VERSION}); read it with the tfswap "
                                "that wrote it, or a newer one")
@@ -140,13 +146,19 @@ def from_json(text: str) -> SavedProblem:
                              small_threshold_bytes=body["small_threshold_bytes"],
                              params_start_on_host=body["params_start_on_host"],
                              recomputable=body["recomputable"])
-        spec_fields = {f.name for f in fields(DeviceSpec)}
-        spec = DeviceSpec(**{k: v for k, v in body["spec"].items() if k in spec_fields})
+        unknown = set(body["spec"]) - {f.name for f in fields(DeviceSpec)}
+        if unknown:
+            raise ProblemFileError(f"the device's figures name fields this tfswap does not "
+                                   f"know ({sorted(unknown)}); read it with the tfswap that "
+                                   "wrote it, or a newer one")
+        spec = DeviceSpec(**body["spec"])
         plan = Plan.from_json(json.dumps(body["plan"])) if body["plan"] is not None else None
         return SavedProblem(problem, spec, int(body["budget_bytes"]),
                             int(body["planner_budget_bytes"]), body["allocator"], plan,
                             dict(body["row"]))
-    except (KeyError, TypeError, PlanFormatError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError, PlanFormatError) as err:
+        if isinstance(err, ProblemFileError):
+            raise
         raise ProblemFileError(f"a corrupted saved problem ({type(err).__name__}: {err}); "
                                "save it again from its run") from err
 
