@@ -71,7 +71,7 @@ COLUMNS = ("model", "fraction", "plan", "budget_bytes", "round_trips", "recomput
            "optimize_measured_peak_bytes", "predicted_step_s", "ideal_s", "bound_s",
            "predicted_vs_bound", "measured_step_s", "step_s_rounds", "vs_unmodified_rounds",
            "vs_unmodified_median", "ratio_rounds", "measured_peak_bytes", "within_budget",
-           "identical", "planner", "candidates", "error", "load")
+           "identical", "planner", "candidates", "error", "load", "problem_file")
 
 
 def state(step) -> list:
@@ -170,8 +170,26 @@ def run(name: str, fraction: float, args) -> list[dict]:
                     np.array_equal(a, b) for a, b in zip(state(reference), state(step))))
             if fast.relocation is not None:
                 fast.restore_parameters()
+            if args.problems:
+                row["problem_file"] = save_problem(args.problems, name, fraction, plan, fast,
+                                                   row)
         rows.append(row)
     return rows + failed
+
+
+def save_problem(directory: str, name: str, fraction: float, plan: str, fast, row: dict) -> str:
+    """The row's planning problem, with its plan and the measured row, as
+    ``directory/<model>.<fraction>.<plan>.json.gz`` (:mod:`tfswap.core.problem_file`:
+    ``benchmarks/replan.py`` plans it again): the profile a slow row was planned on.
+    Its path."""
+    from tfswap.core import problem_file
+
+    saved = problem_file.SavedProblem(
+        fast.problem, fast.spec, budget_bytes=fast.budget_bytes,
+        planner_budget_bytes=fast.planner_budget_bytes, allocator=fast.allocator,
+        plan=fast.plan, row=row)
+    return str(problem_file.write(Path(directory) / f"{name}.{fraction:g}.{plan}.json.gz",
+                                  saved))
 
 
 def describe(row: dict) -> str:
@@ -218,6 +236,9 @@ def main() -> None:
                              "fastest of them all); a registered one for an ablation, e.g. "
                              "tfswap.ga (the genetic search alone)")
     parser.add_argument("--out", default="benchmarks/out/hybrid.csv")
+    parser.add_argument("--problems", default=None, metavar="DIR",
+                        help="also write each planned row's problem, plan and measured row "
+                             "here (tfswap.core.problem_file; benchmarks/replan.py)")
     args = parser.parse_args()
     args.plans = [p for p in args.plans.split(",") if p]
     if any(p not in PLANS for p in args.plans):
