@@ -342,6 +342,43 @@ def test_held_peak_counts_buffers_at_their_own_sizes_not_their_classes():
     assert held == liveness.peak(g, plan.schedule) == 4 * MB + 2 * MB
 
 
+
+@pytest.mark.parametrize("update_first", [False, True], ids=["update-after", "update-before"])
+def test_a_remake_reading_a_variable_after_its_update_holds_the_variable_once_more(
+        update_first):
+    """Issue #44: ``y = x @ w`` is made again for ``h``; the optimizer's update of
+    ``w`` waits for ``y``'s op (a control edge, as the TF lowering orders a
+    variable's update after its readers).  Scheduled before the remake, the
+    update finds the value read for it still referenced and writes a copy of
+    the variable (TensorFlow's copy-on-write): 3 MB more held until ``h``.
+    After the remake, nothing more; nor without the remake."""
+    from tfswap.core.problem import Problem
+    from tfswap.core.simulator import held_peak_bytes
+
+    ops = [Op("x", "Placeholder"), Op("w", "ReadVariableOp"),
+           Op("y", "MatMul", ("x:0", "w:0"), time_s=1e-4, phase="forward"),
+           Op("loss", "Sum", ("y:0",), time_s=1e-5, phase="forward"),
+           Op("g", "Grad", ("loss:0",), time_s=1e-4, phase="backward"),
+           Op("update", "AssignSubVariableOp", ("g:0",), control_inputs=("y",), time_s=1e-5,
+              phase="update"),
+           Op("h", "Grad", ("g:0", "y:0", "x:0"), time_s=1e-4, phase="backward")]
+    graph = DataflowGraph.build(ops, [
+        Tensor("x:0", 2 * MB, kind="input"), Tensor("w:0", 3 * MB, kind="parameter"),
+        Tensor("y:0", 2 * MB), Tensor("loss:0", 4, kind="small"),
+        Tensor("g:0", 2 * MB, kind="gradient"), Tensor("h:0", 2 * MB, kind="gradient")])
+    problem = Problem.of(graph, keep=["h:0"], small_threshold_bytes=64, recomputable=["y"])
+    schedule = ("x", "w", "y", "loss", "g") + (("update", "h") if update_first
+                                               else ("h", "update"))
+    remade = (Swap("y:0", out_after="loss", in_after="", consumers=("h",), kind="recompute",
+                   ops=("y",), bytes=2 * MB, id="y"),)
+    held = {swaps: held_peak_bytes(graph, Plan(schedule=schedule, swaps=swaps), LINK,
+                                   keep=problem.keep, compiled=problem.compiled)
+            for swaps in ((), remade)}
+    # At h: x, w, y (remade), g and h (and 4 B of loss); and w's copy where the
+    # update ran before.
+    assert held[()] // MB == 11
+    assert held[remade] // MB == (14 if update_first else 11)
+
 def test_held_peak_holds_a_swap_in_from_its_trigger_not_from_its_copy():
     """Issue #44: TensorFlow's SwapIn op allocates its output when it runs, once
     its trigger (here: none, the step's start) is done, while its copy waits on

@@ -507,6 +507,18 @@ def test_two_gates_remade_before_one_op_share_their_chains_copies():
                                               "Split", "Sigmoid", "Sigmoid"])
     trigger = "^" + schedule[need - 1]
     assert all(trigger in n.input for n in made)
+    # They run in turn, as the simulator runs them (the one whose last op comes
+    # first in the schedule first): the later one's own copy, its gate, waits for
+    # the earlier one's last copy; the copies they share wait for nothing more.
+    by_gate = {}
+    for n in made:
+        if n.op == "Sigmoid":
+            k = int(n.name.rsplit("recompute_", 1)[1].split("_")[0])
+            by_gate[swaps[k].tensor.partition(":")[0]] = n
+    earlier, later = sorted((first, second), key=position.get)
+    assert "^" + by_gate[earlier].name in by_gate[later].input
+    assert not any(i == "^" + by_gate[earlier].name for n in made if n.op != "Sigmoid"
+                   for i in n.input)
     want = step(*(tf.constant(x) for x in inputs))
     got = runtime.bind(captured, rewritten.graph_def)(*inputs)
     for key in want:

@@ -80,8 +80,8 @@ from tfswap.core.compiled import CompiledGraph
 from tfswap.core.devices import DeviceSpec
 from tfswap.core.graph import DataflowGraph
 from tfswap.core.plan import Allocation, Plan
-from tfswap.core.program import (Program, _schedule_lookup, buffer_classes, from_plan,
-                                 recompute_copies, recompute_ops)
+from tfswap.core.program import (Program, _schedule_lookup, buffer_classes,
+                                 copy_on_write_holds, from_plan, recompute_copies, recompute_ops)
 
 
 class PlanError(RuntimeError):
@@ -970,6 +970,11 @@ def held_peak_bytes(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *,
     elementwise kernels).  A swap-in's copy read for the last time by such an
     op becomes that op's output: no new buffer (``run_program``).
 
+    A remake that reads a variable after the update that waits for its reader
+    (:func:`tfswap.core.program.copy_on_write_holds`) holds the variable's bytes
+    once more, from the update's start to the end of the op the remake runs
+    before: TensorFlow keeps the value read for it, and the update writes a copy.
+
     Example::
 
         held_peak_bytes(graph, plan, spec)   # bytes; the plan's prediction on the emulated device
@@ -978,7 +983,31 @@ def held_peak_bytes(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *,
         graph, plan.allocation.small_threshold_bytes if plan.allocation else 1 << 20, keep)
     result = simulate(graph, plan, spec, events=True, keep=keep, compiled=cg, forwards=forwards)
     roots = tuple(dict.fromkeys(liveness.buffer_root(graph, t) for t in unheld))
-    return live_peak_bytes_timed(result, cg, plan.schedule, roots)
+    return live_peak_bytes_timed(_with_copy_on_write(result, cg, plan), cg, plan.schedule, roots)
+
+
+def _with_copy_on_write(result: SimResult, cg: CompiledGraph, plan: Plan) -> SimResult:
+    """``result`` with its held events joined by the copies TensorFlow makes of
+    variables a remake reads after their update (:func:`copy_on_write_holds`)."""
+    prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
+    holds = copy_on_write_holds(cg, prog)
+    if not holds:
+        return result
+    start, end = {}, {}
+    for e in result.events:
+        if e.stream == "compute":
+            start.setdefault(e.name, e.start_s)
+            end[e.name] = e.end_s
+    names = [cg.graph.ops[int(op)].name for op in prog.order]
+    extra = []
+    for x, first, last in holds:
+        name = f"{cg.buf_names[x]} (copy on write)"
+        nbytes = int(cg.buf_bytes[x])
+        extra += [AllocationEvent(start[names[first]], True, name, nbytes, -1, -1),
+                  AllocationEvent(end[names[last]], False, name, nbytes, -1, -1)]
+    # Time order, releases first at one instant (a stable sort keeps the rest's order).
+    held = sorted(result.held_events + tuple(extra), key=lambda e: (e.time_s, e.is_alloc))
+    return replace(result, held_events=tuple(held))
 
 
 def simulate(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *, events: bool = False,
