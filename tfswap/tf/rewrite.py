@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from bisect import bisect_right
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
@@ -588,36 +587,6 @@ def _recompute(graph_def, nodes: dict, swap, k: int, position: dict, reference,
     return [made[op] for op in ops]
 
 
-def _copies_synchronous(device: str) -> bool:
-    """Whether a SwapOut on ``device`` is done when its kernel returns: a CPU
-    device's plain memcpy (no emulated link).  A GPU's copy, and a throttled CPU
-    copy, finish later, on their link."""
-    return tf.DeviceSpec.from_string(device).device_type == "CPU"
-
-
-def _swap_outs_in_place(nodes: dict, plan, swap_out_node: dict, riders, elsewhere,
-                        position: dict) -> None:
-    """Where a swap-out's copy is done when its kernel returns, the scheduled op
-    after the one it follows waits for it, so it runs where the plan put it and
-    its buffer goes there.  Left free, TF's executor ran some swap-outs many ops
-    late, each holding its buffer till then: a random step's `Relu` held 512 KiB
-    six ops past its trigger beside a swap-in that takes the room, 24% over its
-    prediction and over the budget in 1 run of 12 (fuzz seed 8018); a Keras
-    Transformer's up to 79 ops late, 1-2% over its prediction (issue #44).  The
-    edge costs nothing there (the copy is done when the op is); where the copy
-    runs on a link it would stall the compute ops on it, so it is not made."""
-    chained = [op for op in plan.schedule if op not in riders and op not in elsewhere
-               and nodes[op].input]
-    at = [position[op] for op in chained]   # ascending: the schedule's order
-    for swap in plan.swaps:
-        out = swap_out_node.get(swap.id)
-        if out is None or swap.out_after not in position:
-            continue
-        k = bisect_right(at, position[swap.out_after])
-        if k < len(chained) and ("^" + out.name) not in nodes[chained[k]].input:
-            nodes[chained[k]].input.append("^" + out.name)
-
-
 def _remakes_in_turn(nodes: dict, recomputed, remade_at: dict, position: dict) -> None:
     """The remakes before one op run one after the other, in the order the
     simulator runs them (:func:`tfswap.core.program._recompute_order`: the
@@ -998,8 +967,6 @@ def rewrite(captured: CapturedFunction, plan: Plan, device: str, host: str, *,
             previous = op
     for rider, anchor in riders.items():
         _ride_with(nodes, rider, anchor)
-    if link is None and _copies_synchronous(device):
-        _swap_outs_in_place(nodes, plan, swap_out_node, riders, elsewhere, position)
 
     topological_order(graph_def)  # raises on a cycle
     swapped = tuple(n for _, n in sorted(swap_nodes, key=lambda e: e[0]))
