@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from tfswap import anytime, pipeline
-from tfswap.budget_arena import allocator_of
 from tfswap import options as options_mod
 from tfswap import parameters as parameters_mod
+from tfswap.budget_arena import allocator_of
 from tfswap.tf import lower as tf_lower
 from tfswap.tf import device as tf_device
 from tfswap.core import search as ga

@@ -347,7 +347,6 @@ def copy_on_write_holds(cg: CompiledGraph, prog: Program) -> tuple[tuple[int, in
     if not prog.recomputes:
         return ()
     graph = cg.graph
-    position = {int(op): k for k, op in enumerate(prog.order)}
     waited_at: dict[int, int] = {}   # op -> the first position of an op waiting for it
     for k, op in enumerate(prog.order):
         for name in graph.ops[int(op)].control_inputs:
@@ -357,7 +356,7 @@ def copy_on_write_holds(cg: CompiledGraph, prog: Program) -> tuple[tuple[int, in
     for rec in prog.recomputes:
         for op in recompute_ops(cg, rec):
             at = waited_at.get(int(op))
-            if at is None or at >= rec.need or int(op) not in position:
+            if at is None or at >= rec.need:
                 continue
             for x in cg.op_in[cg.op_in_ptr[op]:cg.op_in_ptr[op + 1]]:
                 x = int(x)

@@ -989,6 +989,8 @@ def held_peak_bytes(graph: DataflowGraph, plan: Plan, spec: DeviceSpec, *,
 def _with_copy_on_write(result: SimResult, cg: CompiledGraph, plan: Plan) -> SimResult:
     """``result`` with its held events joined by the copies TensorFlow makes of
     variables a remake reads after their update (:func:`copy_on_write_holds`)."""
+    if not any(s.kind == "recompute" for s in plan.swaps):
+        return result   # no remake: nothing to read after an update
     prog = from_plan(cg, plan.schedule, plan.swaps, plan.resident_parameters)
     holds = copy_on_write_holds(cg, prog)
     if not holds:
