@@ -42,7 +42,12 @@ def options_for(name: str, saved, generations: int) -> dict:
     takes = inspect.signature(planners.get(name)).parameters
     options = {}
     if "layout" in takes and saved.plan is not None and saved.plan.allocation is not None:
-        options["layout"] = "shared" if saved.plan.allocation.shared else "disjoint"
+        # Where TensorFlow's allocator serves the step ("exact", "guarded") optimize
+        # plans in the shared layout, though a plan made to the bytes held ("exact")
+        # lays out no shared arena: read from its allocation, the byte-cap planner
+        # would be left out of the default's contest.
+        shared = saved.allocator != "pool" or saved.plan.allocation.shared
+        options["layout"] = "shared" if shared else "disjoint"
     if "config" in takes:
         options["config"] = SearchConfig(max_generations=generations, time_budget_s=None,
                                          workers=1, seed=0)

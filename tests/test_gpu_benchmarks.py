@@ -203,3 +203,28 @@ def test_gpu_validate_arena_rows_run_apart_and_compare_with_the_saved_unmodified
     assert 0 < row["measured_peak_bytes"] <= row["budget_bytes"]
     assert row["identical"] is True and row["worst_relative_difference"] == 0.0
     assert (tmp_path / "arena.cnn.reference.npz").exists()
+
+
+def test_replan_weighs_the_planners_optimize_weighed_on_a_saved_h200_problem():
+    # BERT-style at 40% on the H200 (2026-11-28): optimize planned in the shared
+    # layout, and its plan, made to the bytes the step holds ("exact"), lays out
+    # no shared arena. Re-planned as if its layout were disjoint, the default left
+    # the byte-cap planner out and gave the search's 51.9 ms, not 45.2 ms.
+    import importlib.util
+
+    from tfswap.core import planners, problem_file
+
+    spec = importlib.util.spec_from_file_location("replan", ROOT / "benchmarks" / "replan.py")
+    replan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replan)
+    saved = problem_file.read(ROOT / "benchmarks/problems/gv_h200_default.bert.0.4.json.gz")
+    assert saved.allocator == "exact" and not saved.plan.allocation.shared
+    options = replan.options_for("tfswap", saved, generations=1)
+    assert options["layout"] == "shared"
+    result = planners.run("tfswap", saved.problem, saved.planner_budget_bytes, saved.spec,
+                          **options)
+    weighed = {c.planner: c for c in result.candidates}
+    assert weighed["tfswap.bytes"].step_time_s is not None
+    assert result.plan.prediction.step_time_s == min(
+        c.step_time_s for c in result.candidates if c.step_time_s is not None)
+    assert result.plan.prediction.step_time_s < weighed["tfswap.ga"].step_time_s
