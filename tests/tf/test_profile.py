@@ -174,6 +174,43 @@ def test_paired_reference_runs_alternate_with_untraced_runs(cnn):
     assert len(traced.untraced_times_s) == len(traced.reference_times_s) == 3
 
 
+def test_a_gpu_profile_takes_its_length_from_runs_at_tensorflows_default_threads(
+        cnn, monkeypatch):
+    """On a GPU one executor thread serialises the host's kernel launches: the
+    H200 rows' profiles, calibrated by such runs, added up to 1.16-1.77x the
+    step as it runs. There the untraced runs use TensorFlow's default threads,
+    in a session of their own; the trace keeps one thread (its order is a
+    schedule)."""
+    from tfswap.tf import measure
+
+    assert profile.calibration_threads("/device:GPU:0") is None
+    assert profile.calibration_threads("/job:localhost/replica:0/task:0/device:GPU:1") is None
+    assert profile.calibration_threads("/device:CPU:0") == 1
+    step, captured = cnn
+    alone = measure.run_traced(captured, captured.graph_def, step.batch, runs=0,
+                               untraced_runs=2, inter_op_threads=None)
+    assert alone.metadata == () and len(alone.untraced_times_s) == 2
+    with pytest.raises(ValueError, match="not both 0"):
+        measure.run_traced(captured, captured.graph_def, step.batch, runs=0)
+
+    calls, real = [], measure.run_traced
+
+    def recorded(*args, **kwargs):
+        got = real(*args, **kwargs)
+        calls.append((kwargs["runs"], kwargs["inter_op_threads"], kwargs["untraced_runs"], got))
+        return got
+
+    monkeypatch.setattr(measure, "run_traced", recorded)
+    monkeypatch.setattr(profile, "calibration_threads", lambda device: None)
+    prof = profile.trace(captured, step.batch, runs=2, warmup=1)
+    assert [c[:3] for c in calls] == [(2, 1, 0), (0, None, 2)]
+    raw = profile.trace(captured, step.batch, runs=2, warmup=1, calibrate=False)
+    traced_sum = sum(op.time_s for op in prof.ops) / prof.time_scale
+    median = sorted(calls[1][3].untraced_times_s)
+    assert prof.time_scale == pytest.approx((median[0] + median[1]) / 2 / traced_sum)
+    assert raw.time_scale == 1.0 and len(calls) == 3
+
+
 def test_optimize_prices_what_an_isolated_profile_cannot_time_for_its_device_spec():
     """An op that cannot run alone (a loop, a TensorList) is priced for the device
     being planned, not for the emulated CPU (on an H200 that made a 16 ms step's

@@ -123,9 +123,11 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
 
     ``inputs`` are the flat argument values, in ``captured.args`` order.
     ``inter_op_threads``: the executor's thread count; 1 runs one op at a
-    time, so the trace's order is a schedule.  ``untraced_runs``: runs timed
+    time, so the trace's order is a schedule; None, TensorFlow's default (one
+    per core), as a ``tf.function`` runs.  ``untraced_runs``: runs timed
     without tracing, alternating with the traced ones; their wall time is the
-    step's own (under FULL_TRACE the kernels themselves run slower).
+    step's own (under FULL_TRACE the kernels themselves run slower).  ``runs``
+    may be 0 where ``untraced_runs`` is not: the untraced runs alone.
     ``reference_graph_def``: another graph of the same step (e.g. the
     unmodified one), run untraced right after each untraced run, in the same
     session on the same variables: the ratio of the two times cancels most of
@@ -146,9 +148,12 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
     cfg.device_count["CPU"] = max(2, len(tf.config.list_logical_devices("CPU")))
     # Two threads: the control chain serialises the compute ops anyway, and the
     # swap ops need a thread of their own to overlap, like a copy stream.
-    if inter_op_threads < 1:
-        raise ValueError(f"inter_op_threads must be >= 1, got {inter_op_threads}")
-    cfg.inter_op_parallelism_threads = inter_op_threads
+    if inter_op_threads is not None and inter_op_threads < 1:
+        raise ValueError(f"inter_op_threads must be None or >= 1, got {inter_op_threads}")
+    if runs < 0 or untraced_runs < 0 or runs + untraced_runs < 1:
+        raise ValueError(f"run_traced needs runs >= 0 and untraced_runs >= 0, not both 0, "
+                         f"got runs={runs}, untraced_runs={untraced_runs}")
+    cfg.inter_op_parallelism_threads = inter_op_threads or 0   # 0: TensorFlow's default
     # A Session's inter-op pool is otherwise the process-wide one, sized by
     # whichever Session came first; a pool of its own makes the count hold.
     cfg.use_per_session_threads = True
@@ -212,8 +217,8 @@ def run_traced(captured: CapturedFunction, graph_def, inputs, runs: int = 3,
         times, saved, untraced, paired = [], [], [], []
         # Traced and untraced runs alternate, so that a change in the machine's
         # load touches both alike.
-        for k in range(max(1, runs, untraced_runs)):
-            if k < max(1, runs):
+        for k in range(max(runs, untraced_runs)):
+            if k < runs:
                 metadata = tf.compat.v1.RunMetadata()
                 with TRACE_LOCK:
                     start = time.perf_counter()
