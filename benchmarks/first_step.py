@@ -1,6 +1,7 @@
 """How soon a Keras ``fit`` with SwapCallback trains, and what the background search ends with (#32).
 
-On the emulated device, in a fresh process per run: a small BatchNorm/Dropout
+On the first GPU, under op determinism, or where there is none on the emulated
+device, in a fresh process per run: a small BatchNorm/Dropout
 CNN (150 training samples in batches of 32, the last of 22; 40 validation
 samples, 32 and 8; 2 epochs; ``steps_per_execution=2``), fitted once plainly
 and once with ``SwapCallback(budget)`` (defaults: background search,
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -39,13 +41,24 @@ GRU_BATCH, GRU_STEPS, GRU_VOCABULARY = 24, 48, 512
 
 def child(run: int, fraction: float, search_time: float, foreground: bool,
           model_name: str = "cnn") -> dict:
+    import tensorflow as tf
+
     from tfswap.tf import emulate
 
-    emulate.setup()
+    # On a GPU the fits run there (issue #41 item 4), under op determinism so that
+    # the two histories compare bit for bit; else on the emulated device.
+    on_gpu = bool(tf.config.list_physical_devices("GPU"))
+    if on_gpu:
+        tf.config.experimental.enable_op_determinism()
+        device = "/device:GPU:0"
+    else:
+        emulate.setup()
+        device = emulate.DEVICE
     import keras
     import numpy as np
 
     import tfswap
+    from tfswap.pipeline import NO_SWAP
     from tfswap.tf import capture, measure
 
     def build_gru():
@@ -87,8 +100,8 @@ def child(run: int, fraction: float, search_time: float, foreground: bool,
     swapped.set_weights(plain.get_weights())
     first = (x[:batch], y[:batch])
     step = capture.capture(tfswap.keras.step_function(build(), first))
-    unmodified = measure.measure(step, step.graph_def, list(first),
-                                 inter_op_threads=1).peak_bytes
+    unmodified = measure.measure(step, step.graph_def, list(first), inter_op_threads=1,
+                                 device=device).peak_bytes
     budget = int(fraction * unmodified)
 
     class FirstStep(keras.callbacks.Callback):
@@ -127,7 +140,17 @@ def child(run: int, fraction: float, search_time: float, foreground: bool,
             dict(plan=s.plan_id, planner=s.planner, calls=[s.first_call, s.last_call],
                  measured_peak_bytes=s.measured_peak_bytes) for s in spans],
             outcome=getattr(fast, "outcome", "")))
-    row = dict(run=run, model=model_name, order=[n for n, _, _ in order], budget_bytes=budget,
+    # A step that fits unmodified ("tfswap.no-swap": its profile's measured peak within
+    # the budget) runs as it is, and is not measured again.
+    measured = [p["measured_peak_bytes"] for fn in ran for p in fn["plans"]
+                if p["planner"] != NO_SWAP]
+    row = dict(run=run, model=model_name, device=tf.config.experimental.get_device_details(
+                   tf.config.list_physical_devices("GPU")[0]).get("device_name", "GPU")
+               if on_gpu else "emulated", order=[n for n, _, _ in order], budget_bytes=budget,
+               worst_measured_peak_bytes=max((m for m in measured if m is not None),
+                                             default=None),
+               within_budget=bool(measured) and all(m is not None and m <= budget
+                                                    for m in measured),
                unmodified_peak_bytes=unmodified, first_step_s=swap_first,
                plain_first_step_s=plain_first, fit_s=swap_s, plain_fit_s=plain_s,
                ratio=swap_s / plain_s, identical=identical, functions=ran)
@@ -184,16 +207,18 @@ def main(argv=None) -> None:
         cmd = [sys.executable, __file__, "--child", str(run), "--fraction", str(args.fraction),
                "--search-time", str(args.search_time), "--model", args.model] + (["--foreground"]
                                                           if args.foreground else [])
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
+        env = dict(os.environ, TF_FORCE_GPU_ALLOW_GROWTH="true")
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env)
         line = next((x for x in done.stdout.splitlines() if x.startswith("ROW ")), None)
         if line is None:
             raise RuntimeError(f"run {run} failed:\n{done.stderr[-3000:]}")
         rows.append(json.loads(line[4:]))
         r = rows[-1]
-        print(f"run {run}: first execution {r['first_step_s']:.1f} s (plain "
+        print(f"run {run} ({r['device']}): first execution {r['first_step_s']:.1f} s (plain "
               f"{r['plain_first_step_s']:.1f} s), fit {r['fit_s']:.1f} s vs "
-              f"{r['plain_fit_s']:.1f} s (x{r['ratio']:.2f}), identical {r['identical']}",
-              flush=True)
+              f"{r['plain_fit_s']:.1f} s (x{r['ratio']:.2f}), identical {r['identical']}, "
+              f"plans' measured peaks within the budget of {r['budget_bytes']} B: "
+              f"{r['within_budget']} (worst {r['worst_measured_peak_bytes']} B)", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         for r in rows:

@@ -51,6 +51,11 @@ def test_gpu_validate_writes_one_row_within_its_budget(tmp_path):
     # What tells a model error from a run-time effect on a GPU (docs/gpu.md).
     assert "explain_error" not in details[0], details[0].get("explain_error")
     assert details[0]["stats_peak_bytes"] > 0 and details[0]["profile_peak_bytes"] > 0
+    for step in ("stats", "profile"):   # the rewritten step's, the unmodified one's
+        live = details[0][f"{step}_live_at_peak"]   # by allocating node, the large ones
+        assert live and all(b >= 4096 for b in live.values())
+        assert sum(live.values()) + details[0][f"{step}_live_small_bytes"] == \
+            details[0][f"{step}_live_peak_bytes"] > 0
     assert isinstance(details[0]["executed_added_types"], dict)
     # The row's planning problem is saved (tfswap.core.problem_file), with the measured
     # row: the plan simulates again to its prediction here, without TensorFlow's
@@ -228,3 +233,16 @@ def test_replan_weighs_the_planners_optimize_weighed_on_a_saved_h200_problem():
     assert result.plan.prediction.step_time_s == min(
         c.step_time_s for c in result.candidates if c.step_time_s is not None)
     assert result.plan.prediction.step_time_s < weighed["tfswap.ga"].step_time_s
+
+
+def test_first_step_fits_with_swapcallback_as_plain_fit_within_its_budget(tmp_path):
+    """Issue #41 item 4's row, on the emulated device (on a GPU the same script fits
+    there under op determinism): plain fit and fit with SwapCallback's defaults,
+    the same history and weights, every plan that ran measured within the budget."""
+    out = tmp_path / "first_step.jsonl"
+    printed = _run("benchmarks/first_step.py", "--runs", "1", "--search-time", "2",
+                   "--out", str(out))
+    row = json.loads(out.read_text().splitlines()[0])
+    assert row["device"] == "emulated" and row["identical"], printed
+    assert row["within_budget"] and row["worst_measured_peak_bytes"] <= row["budget_bytes"]
+    assert 0 < row["first_step_s"] and row["functions"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +68,15 @@ def _device_suffix(device: str) -> str:
 
 def transient_peak(step_stats, device: str = DEVICE) -> int:
     """Peak of live bytes allocated during the step by nodes on ``device``."""
+    return live_at_peak(step_stats, device)[0]
+
+
+def live_at_peak(step_stats, device: str = DEVICE) -> tuple[int, dict[str, int], str]:
+    """(:func:`transient_peak`, node name -> the bytes its allocations hold at that
+    peak, the node whose allocation reached it): what was live when the step held
+    the most, by the node that allocated it, to set beside the memory model's live
+    set at the same op (a GPU row whose measured peak the model missed, issue #44).
+    (0, {}, "") where ``device`` allocated nothing."""
     suffix = _device_suffix(device)
     events = []
     for dev in step_stats.dev_stats:
@@ -77,15 +87,20 @@ def transient_peak(step_stats, device: str = DEVICE) -> int:
                 continue   # its output is the host copy (host memory on a GPU too)
             for mem in node.memory:
                 for rec in mem.allocation_records:
-                    events.append((rec.alloc_micros, rec.alloc_bytes))
+                    events.append((rec.alloc_micros, rec.alloc_bytes, node.node_name))
     # At equal timestamps apply frees first: the executor frees inputs before
     # the next kernel allocates.
     events.sort(key=lambda e: (e[0], e[1]))
     live = peak = 0
-    for _, delta in events:
+    at = -1
+    for k, (_, delta, _) in enumerate(events):
         live += delta
-        peak = max(peak, live)
-    return peak
+        if live > peak:
+            peak, at = live, k
+    held = defaultdict(int)
+    for _, delta, name in events[:at + 1]:
+        held[name] += delta
+    return peak, {name: b for name, b in held.items() if b}, events[at][2] if at >= 0 else ""
 
 
 def _op_type(node_stats) -> str:
