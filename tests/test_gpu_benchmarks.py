@@ -233,6 +233,12 @@ def test_replan_weighs_the_planners_optimize_weighed_on_a_saved_h200_problem():
     assert result.plan.prediction.step_time_s == min(
         c.step_time_s for c in result.candidates if c.step_time_s is not None)
     assert result.plan.prediction.step_time_s < weighed["tfswap.ga"].step_time_s
+    # Scaled to the measured unmodified step (the profile was calibrated with one
+    # executor thread there), the ops add up to that step.
+    path = ROOT / "benchmarks/problems/gv_h200_default.bert.0.4.json.gz"
+    (row,) = replan.rows_of(path, ["tfswap.order"], generations=1, scale=True)
+    assert row["time_scale"] < 1.0 and row["saved_predicted_step_s"] > 0
+    assert row["ideal_s"] == pytest.approx(saved.row["unmodified_step_s"], rel=1e-9)
 
 
 def test_first_step_fits_with_swapcallback_as_plain_fit_within_its_budget(tmp_path):
