@@ -47,13 +47,15 @@ def child(run: int, fraction: float, search_time: float, foreground: bool,
 
     # On a GPU the fits run there (issue #41 item 4), under op determinism so that
     # the two histories compare bit for bit; else on the emulated device.
-    on_gpu = bool(tf.config.list_physical_devices("GPU"))
-    if on_gpu:
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
         tf.config.experimental.enable_op_determinism()
         device = "/device:GPU:0"
+        device_name = tf.config.experimental.get_device_details(gpus[0]).get("device_name",
+                                                                             "GPU")
     else:
         emulate.setup()
-        device = emulate.DEVICE
+        device, device_name = emulate.DEVICE, "emulated"
     import keras
     import numpy as np
 
@@ -144,9 +146,8 @@ def child(run: int, fraction: float, search_time: float, foreground: bool,
     # the budget) runs as it is, and is not measured again.
     measured = [p["measured_peak_bytes"] for fn in ran for p in fn["plans"]
                 if p["planner"] != NO_SWAP]
-    row = dict(run=run, model=model_name, device=tf.config.experimental.get_device_details(
-                   tf.config.list_physical_devices("GPU")[0]).get("device_name", "GPU")
-               if on_gpu else "emulated", order=[n for n, _, _ in order], budget_bytes=budget,
+    row = dict(run=run, model=model_name, device=device_name,
+               order=[n for n, _, _ in order], budget_bytes=budget,
                worst_measured_peak_bytes=max((m for m in measured if m is not None),
                                              default=None),
                within_budget=bool(measured) and all(m is not None and m <= budget
