@@ -756,3 +756,89 @@ def test_the_compiled_scan_holds_the_reference_scans_checkpoints(name, graph):
     assert compared > refused
     if name in CHECKPOINT_CASES:
         assert held, "some cap should make the scan hold a checkpoint"
+
+
+def _two_halves(n: int = 6):
+    """A forward pass whose layers each make a temporary ``a{i}`` (8 MB, not
+    swappable) of the step's input ``x`` (1 MB, read by the loss too), read by
+    two halves, ``p{i}`` and ``q{i}``, whose product with the previous layer's
+    is the layer's output; the backward op of each layer reads both halves (a
+    GELU's shape).  Made again for that op, each half runs ``a{i}``'s op first:
+    two chains making one temporary there."""
+    from tfswap.core.graph import DataflowGraph, Op, Tensor
+
+    mb = 1 << 20
+    ops = [Op("x", "Placeholder", time_s=1e-5)]
+    prev = "x:0"
+    for i in range(n):
+        ops += [Op(f"a{i}", "Square", ("x:0",), time_s=1e-5),
+                Op(f"p{i}", "Tanh", (f"a{i}:0",), time_s=1e-5),
+                Op(f"q{i}", "Sigmoid", (f"a{i}:0",), time_s=1e-5),
+                Op(f"h{i}", "Mul", (f"p{i}:0", f"q{i}:0", prev), time_s=1e-5)]
+        prev = f"h{i}:0"
+    ops.append(Op("loss", "Sum", (prev, "x:0"), time_s=1e-5))
+    grad = "loss:0"
+    for i in reversed(range(n)):
+        ops.append(Op(f"g{i}", "GeluGrad", (f"p{i}:0", f"q{i}:0", grad), time_s=1e-4))
+        grad = f"g{i}:0"
+    sizes = {op.name: 8 * mb for op in ops}
+    sizes["loss"] = sizes["x"] = mb
+    # The temporary may not be moved (nor so held as a checkpoint): made again.
+    graph = DataflowGraph.build(ops, [Tensor(f"{k}:0", nbytes=v, swappable=k[0] != "a")
+                                      for k, v in sizes.items()])
+    return graph, [op.name for op in ops if op.type not in ("Placeholder", "GeluGrad")]
+
+
+def test_remakes_before_one_op_share_a_temporary_their_chains_both_make():
+    """Where chains read checkpoints, two halves dropped and made again for the same
+    backward op make their shared temporary once, as the simulator and the
+    rewrite run remakes before one op (an op an earlier chain there ran is not
+    run again): the scan counts it once and drops both, where refusing the
+    second drop (the rule without sharing) copies it over the link.  The
+    compiled scan makes the reference's program, both simulators run it alike
+    within the cap, and it reads back from its swaps."""
+    import dataclasses
+
+    from tfswap.core.program import from_plan, to_plan_swaps
+    from tfswap.core.simulator import run_program
+    from tests.core.test_native import program_agrees
+
+    spec = dataclasses.replace(SPEC, h2d_bytes_per_s=1e8, d2h_bytes_per_s=1e8,
+                               duplex_bytes_per_s=1.5e8)
+    graph, remakeable = _two_halves()
+    cg = CompiledGraph.build(graph, small_threshold_bytes=0)
+    order = cg.order_of(None)
+    allowed = frozenset(i for i, op in enumerate(graph.ops) if op.name in remakeable)
+    a_ops = {i for i, op in enumerate(graph.ops) if op.name.startswith("a")}
+    names = [graph.ops[int(o)].name for o in order]
+    peak = byte_planner.plan(graph, 1 << 62, spec, compiled=cg).prediction.peak_bytes
+    shared_found = 0
+    for fraction in (0.3, 0.4, 0.5, 0.6, 0.7):
+        cap = int(fraction * peak)
+        args = dict(recompute=allowed, drop_order="cheapest", checkpoints=True,
+                    segment_share=1.0)
+        progs = _both_scans(cg, order, spec, cap, **args)
+        assert progs[1] == progs[0], fraction
+        prog = progs[0]
+        if isinstance(prog, str):
+            continue
+        twice = [(r, s) for r in prog.recomputes for s in prog.recomputes
+                 if r.buf < s.buf and r.need == s.need and a_ops & set(r.ops) & set(s.ops)]
+        if not twice:
+            continue
+        shared_found += 1
+        pool = byte_planner._unlimited_pool(cg, list(order))
+        result = run_program(cg, prog, pool, spec)
+        assert result.peak_bytes <= cap
+        assert program_agrees(cg, prog, pool, spec)
+        swaps, resident = to_plan_swaps(cg, prog)
+        assert from_plan(cg, names, swaps, resident) == prog
+        # Each drop refused that would make a temporary made there already: copied.
+        alone = _both_scans(cg, order, spec, cap, shared_temps=False, **args)
+        assert alone[1] == alone[0], fraction
+        assert not any(r.need == s.need and a_ops & set(r.ops) & set(s.ops)
+                       for r in alone[0].recomputes for s in alone[0].recomputes
+                       if r.buf < s.buf)
+        moved = sum(int(cg.buf_bytes[o.buf]) for o in alone[0].outs if o.copy)
+        assert moved > sum(int(cg.buf_bytes[o.buf]) for o in prog.outs if o.copy)
+    assert shared_found

@@ -46,7 +46,9 @@ position under ``cap_bytes``:
   the device, right before the op that needs its last buffer, and read
   backward.  A drop is refused where a chain for such a position is None,
   where it would run at the next position, where two chains would make the
-  same temporary for the same op, where what the remakes at a position make,
+  same temporary for the same op (except where chains read checkpoints:
+  there remakes before one op share what they make, as the simulator and the
+  rewrite run them, and it counts once), where what the remakes at a position make,
   the parameters and that op's own buffers would pass the cap (found out
   later, the scan failed: BERT-style at 40% on a 50 MB/s link kept no
   recomputation), or, for a segment, where what the remakes at one position
@@ -89,6 +91,7 @@ from __future__ import annotations
 import heapq
 import warnings
 from bisect import bisect_right
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -142,6 +145,12 @@ SEGMENT_SHARE = 0.25
 # at one position: on the Transformer at 40% of its peak on a 50 MB/s link,
 # 2.34x of ideal against 7.71x without checkpoints (8.19x before them), and
 # 7.15x with checkpoints at SEGMENT_SHARE; BERT-style 13.7x against 14.9x.
+# Their remakes before one op share what their chains make (``_ByteScan.shared``):
+# BERT-style at 40% (a saved problem, 2026-11-28) 5.00x -> 3.12x of ideal, where
+# a GELU's two 2 MiB halves were each remade through the temporaries of the
+# other; every other saved zoo and GPU problem plans as before.  Every variant
+# scanned so (a study) lost elsewhere: LSTM-4 at 60% 2.03x -> 3.27x, and the
+# H200 Transformer at 40% found no plan within its budget.
 CHECKPOINT_VARIANTS = ((0.1, "cheapest", 1.0),)
 # The (share, drop order, segment share) variants scanned again, where the
 # fastest plan of the others still copies, with drops that a segment refused
@@ -393,7 +402,8 @@ class _ByteScan:
     def __init__(self, cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec,
                  lookahead: float | None, margin_s: float, chains: _Chains | None = None,
                  share: float = RECOMPUTE_SHARES[0], drop_order: str = DROP_ORDERS[0],
-                 segment_share: float = SEGMENT_SHARE, retry: bool | None = None):
+                 segment_share: float = SEGMENT_SHARE, retry: bool | None = None,
+                 shared_temps: bool | None = None):
         self.cg, self.order = cg, [int(o) for o in order]
         self.drop_order, self.segment_share = drop_order, segment_share
         # Recomputation (``chains``: None, none): a buffer whose value its ops
@@ -403,6 +413,10 @@ class _ByteScan:
         # Drops refused at one position tried again at the next (``retry``; None:
         # where chains read checkpoints, see :meth:`_drop_one`).
         self.retry = chains is not None and (chains.checkpoints if retry is None else retry)
+        # Remakes before one op share what their chains make (``shared_temps``;
+        # None: where chains read checkpoints, see :meth:`_segment`).
+        self.shared = chains is not None and (chains.checkpoints if shared_temps is None
+                                              else shared_temps)
         self.share_s_per_byte = share * (1.0 / spec.d2h_bytes_per_s + 1.0 / spec.h2d_bytes_per_s)
         self.n = n = len(self.order)
         self.never = 2 * n + 2
@@ -449,7 +463,12 @@ class _ByteScan:
         # Buffer -> the dropped buffers whose ops read it (a segment: a remake
         # that finds it dropped makes it again first, at its own position).
         self.readers: dict[int, set[int]] = {}
-        self.temps_for: set[tuple[int, int]] = set()   # (temporary, the op it is made for)
+        # (temporary, the op it is made for) -> the remakes making it there.
+        self.temps_for: Counter[tuple[int, int]] = Counter()
+        # Where remakes share what they make (``shared``): (buffer, position) ->
+        # the pending remakes there whose chains make it, counted in ``held`` once.
+        self.made_at: Counter[tuple[int, int]] = Counter()
+        self.temps_at: tuple[int, set[int]] = (-1, set())   # (k, temporaries in occ[k])
         # Checkpoints (chains that read a value the step no longer holds then,
         # ``value_chain``'s ``checkpoints``): buffer -> the last remake that reads
         # it (-1: none), held on the device until then; position -> the
@@ -520,7 +539,7 @@ class _ByteScan:
         what the chain makes for itself, which it holds while that op runs."""
         j, ops, at = self.remake.pop(b)
         made, inputs = self._chain_buffers(ops, b, at)
-        self.held[at] -= self._made_bytes(made)
+        self._unmake(made, at)
         for x in inputs:
             self.readers[x].discard(b)
         if at != k:   # the drop rule makes every remake at its position; never here
@@ -529,6 +548,14 @@ class _ByteScan:
         resident = self.resident
         made, inputs = self._chain_buffers(ops, b, k)
         temps = sorted(made - {b})
+        if self.shared:
+            # A temporary an earlier remake before this op made (or a buffer one
+            # made again, on the device now) is read where that one left it.
+            if self.temps_at[0] != k:
+                self.temps_at = (k, set())
+            counted = self.temps_at[1]
+            temps = [t for t in temps if t not in counted and not resident[t]]
+            counted.update(temps)
         for x in inputs:
             self.stamp[x] = k
         for x in inputs:
@@ -696,14 +723,14 @@ class _ByteScan:
                 else:   # remade earlier than planned: for a remake that reads it
                     j, old, was = self.remake[x]
                     made, inputs = self._chain_buffers(old, x, was)
-                    self.held[was] -= self._made_bytes(made)
-                    self.temps_for.difference_update((t, was) for t in made if t != x)
+                    self._unmake(made, was)
+                    self.temps_for.subtract((t, was) for t in made if t != x)
                     for i in inputs:
                         self.readers[i].discard(x)
                 self.remake[x] = (j, ops, at)
             for x, (at, ops) in remakes.items():
                 made, inputs = self._chain_buffers(ops, x, at)
-                self.held[at] = self.held.get(at, 0) + self._made_bytes(made)
+                self._make(made, at)
                 self.temps_for.update((t, at) for t in made if t != x)
                 for i in inputs:
                     self.readers.setdefault(i, set()).add(x)
@@ -724,6 +751,30 @@ class _ByteScan:
     def _made_bytes(self, made) -> int:
         return sum(self.nbytes[t] for t in made)
 
+    def _make(self, made, at: int) -> None:
+        """A remake before position ``at`` makes ``made``: counted in ``held``
+        (where remakes share what they make, each buffer once there)."""
+        if not self.shared:
+            self.held[at] = self.held.get(at, 0) + self._made_bytes(made)
+            return
+        new = 0
+        for t in made:
+            if not self.made_at[(t, at)]:
+                new += self.nbytes[t]
+            self.made_at[(t, at)] += 1
+        self.held[at] = self.held.get(at, 0) + new
+
+    def _unmake(self, made, at: int) -> None:
+        """:meth:`_make` undone (the remake moved, or ran)."""
+        if not self.shared:
+            self.held[at] -= self._made_bytes(made)
+            return
+        for t in made:
+            self.made_at[(t, at)] -= 1
+            if not self.made_at[(t, at)]:
+                del self.made_at[(t, at)]
+                self.held[at] -= self.nbytes[t]
+
     def _segment(self, b: int, need: int, ops, k: int) -> dict | None:
         """The remakes dropping ``b`` at ``k`` sets (buffer -> (position, ops)), or None
         where it may not be dropped.
@@ -736,7 +787,11 @@ class _ByteScan:
         one whose position moves earlier gets the chain of the new one, and so
         on through what that reads.  None where one of those chains is None,
         ``b``'s would run at ``k + 1`` or before, or two chains make the same
-        temporary for the same op."""
+        temporary for the same op, unless remakes there share what they make
+        (``shared``: the simulator runs an op that an earlier chain before the
+        same op ran once, and the rewrite shares its copy; BERT-style at 40% of
+        its peak on a 50 MB/s link, a GELU's 2 MiB halves each remade through
+        the other's temporaries: 5.00x of ideal -> 3.17x)."""
         if self.ext[b] >= 0:
             return None   # a checkpoint a remake reads: held, not dropped
         at = min((self.remake[y][2] for y in self.readers.get(b, ())), default=need)
@@ -765,6 +820,7 @@ class _ByteScan:
                     todo.append(x)
         temps, freed = set(), set()
         held = {}   # position -> the bytes its remakes make, after this drop
+        change = Counter()   # shared: (buffer, position) -> remakes making it there, more
         for x, (at_x, ops_x) in remakes.items():
             made, inputs = self._chain_buffers(ops_x, x, at_x)
             for i in inputs:
@@ -772,18 +828,29 @@ class _ByteScan:
                 # reader of the step) to be held until the remake.
                 if self._checkpoint(i, at_x) and max(self.last[i], self.ext[i]) < k:
                     return None
-            for t in made:
-                if t != x:
-                    if (t, at_x) in temps:
-                        return None
-                    temps.add((t, at_x))
-            held[at_x] = held.get(at_x, self.held.get(at_x, 0)) + self._made_bytes(made)
+            if self.shared:
+                held.setdefault(at_x, self.held.get(at_x, 0))
+                change.update((t, at_x) for t in made)
+            else:
+                for t in made:
+                    if t != x:
+                        if (t, at_x) in temps:
+                            return None
+                        temps.add((t, at_x))
+                held[at_x] = held.get(at_x, self.held.get(at_x, 0)) + self._made_bytes(made)
             if x != b:
                 was = self.remake[x][2]
                 old = self._chain_buffers(self.remake[x][1], x, was)[0]
-                freed.update((t, was) for t in old if t != x)
-                held[was] = held.get(was, self.held.get(was, 0)) - self._made_bytes(old)
-        if any(t in self.temps_for and t not in freed for t in temps):
+                if self.shared:
+                    held.setdefault(was, self.held.get(was, 0))
+                    change.subtract((t, was) for t in old)
+                else:
+                    freed.update((t, was) for t in old if t != x)
+                    held[was] = held.get(was, self.held.get(was, 0)) - self._made_bytes(old)
+        for (t, p), d in change.items():   # each buffer counted once at each position
+            n = self.made_at[(t, p)]
+            held[p] += self.nbytes[t] * ((n + d > 0) - (n > 0))
+        if any(self.temps_for[t] and t not in freed for t in temps):
             return None
         if any(v + self.floor[p] > self.cap for p, v in held.items()):
             return None   # the op there could not get its own buffers beside the remakes'
@@ -808,13 +875,13 @@ class _ByteScan:
 def _scan(cg: CompiledGraph, order, spec: DeviceSpec, cap_bytes: int, lookahead,
           margin_s: float, chains: "_Chains | None", share: float, drop_order: str,
           reference: bool = False, segment_share: float = SEGMENT_SHARE,
-          retry: bool | None = None) -> Program:
+          retry: bool | None = None, shared_temps: bool | None = None) -> Program:
     """One byte-cap scan's program: the compiled scan
     (:func:`tfswap.core.native.byte_scan`), or with ``reference`` the Python one
     (:class:`_ByteScan`), which it follows exactly (tests/core/test_byte_planner.py)."""
     if reference:
         return _ByteScan(cg, order, spec, lookahead, margin_s, chains, share,
-                         drop_order, segment_share, retry).run(int(cap_bytes))
+                         drop_order, segment_share, retry, shared_temps).run(int(cap_bytes))
     static = _static(cg, order)
     cap = int(cap_bytes)
     if static.start_bytes > cap:
@@ -828,7 +895,9 @@ def _scan(cg: CompiledGraph, order, spec: DeviceSpec, cap_bytes: int, lookahead,
                            chains.native_at if chains is not None else None,
                            int(segment_share * (cap - static.start_bytes)), static.floor,
                            retry=chains is not None and (chains.checkpoints if retry is None
-                                                         else retry))
+                                                         else retry),
+                           shared_temps=chains is not None and (
+                               chains.checkpoints if shared_temps is None else shared_temps))
     if isinstance(got, tuple):
         k, need = got
         op = cg.graph.ops[int(order[k])]
@@ -862,7 +931,7 @@ def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_by
                   recompute=frozenset(), recompute_share: float = RECOMPUTE_SHARES[0],
                   drop_order: str = DROP_ORDERS[0], reference: bool = False,
                   checkpoints: bool = False, segment_share: float = SEGMENT_SHARE,
-                  retry: bool | None = None) -> Program:
+                  retry: bool | None = None, shared_temps: bool | None = None) -> Program:
     """The swap program for ``order`` with at most ``cap_bytes`` of pool buffers
     planned at any position (module docstring).  Raises
     :class:`~tfswap.core.planner.InfeasibleAllocation` when an op's own buffers or
@@ -875,7 +944,10 @@ def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_by
     remakes at one position of a segment may make, of the cap less the
     parameters (:data:`SEGMENT_SHARE`); ``retry``: a drop refused at one position
     is tried again at the next that drops (None: where chains read checkpoints;
-    :data:`RETRY_VARIANTS`).  ``reference``: scan in Python (what the compiled
+    :data:`RETRY_VARIANTS`); ``shared_temps``: remakes before one op share what
+    their chains make, as the simulator and the rewrite run them, instead of
+    refusing a drop whose chain makes what another there makes (None: where
+    chains read checkpoints).  ``reference``: scan in Python (what the compiled
     scan is tested against).
 
     Example::
@@ -893,7 +965,7 @@ def build_program(cg: CompiledGraph, order: np.ndarray, spec: DeviceSpec, cap_by
     chains = _chains(cg, [int(o) for o in order], frozenset(recompute),
                      checkpoints=checkpoints) if recompute else None
     return _scan(cg, order, spec, int(cap_bytes), lookahead, recency_margin_s, chains,
-                 recompute_share, drop_order, reference, segment_share, retry)
+                 recompute_share, drop_order, reference, segment_share, retry, shared_temps)
 
 
 def _unlimited_pool(cg, order) -> Allocation:

@@ -56,7 +56,7 @@ def _configure(lib: ctypes.CDLL) -> None:
         [ctypes.c_int] * 2 + [p] * 13 + [ctypes.c_int, p, ctypes.c_int64]
         + [ctypes.c_double] * 3 + [ctypes.c_int] + [ctypes.c_double] * 2 + [ctypes.c_int64]
         + [ctypes.c_int] + [p] * 6 + [ctypes.c_double, ctypes.c_int, ctypes.c_int, CHAIN_AT,
-                                      ctypes.c_int64, p, ctypes.c_int, p, p])
+                                      ctypes.c_int64, p, ctypes.c_int, ctypes.c_int, p, p])
     lib.tfswap_byte_scan_fetch.restype = ctypes.c_int
     lib.tfswap_byte_scan_fetch.argtypes = [p] * 5
 
@@ -342,7 +342,8 @@ class ByteScanRecords:
 
 def byte_scan(order_args: tuple, cap: int, spec: DeviceSpec, lookahead, margin_s: float,
               chain_args: tuple | None, share_s_per_byte: float, cheapest: bool,
-              chain_at=None, segment_bytes: int = 0, floor=None, retry: bool = False):
+              chain_at=None, segment_bytes: int = 0, floor=None, retry: bool = False,
+              shared_temps: bool = False):
     """One byte-cap scan (:class:`tfswap.core.byte_planner._ByteScan`, compiled):
     its :class:`ByteScanRecords`, or ``(position, bytes)`` where an op cannot get
     its bytes under ``cap``.  ``order_args``: the order's arrays
@@ -352,7 +353,7 @@ def byte_scan(order_args: tuple, cap: int, spec: DeviceSpec, lookahead, margin_s
     chains a segment asks for (ids from ``len`` of the arrays' chains on);
     ``segment_bytes``: ``_ByteScan.segment_bytes``; ``floor``: ``_Static.floor``
     (int64 per position; None: no drop is refused for it); ``retry``:
-    ``_ByteScan.retry``."""
+    ``_ByteScan.retry``; ``shared_temps``: ``_ByteScan.shared``."""
     lib = library()
     fail = np.zeros(2, dtype=np.int64)
     sizes = np.zeros(5, dtype=np.int64)
@@ -382,7 +383,7 @@ def byte_scan(order_args: tuple, cap: int, spec: DeviceSpec, lookahead, margin_s
         float(lookahead) if lookahead is not None else 0.0, float(margin_s), int(cap),
         *chain_args, float(share_s_per_byte), int(cheapest), n_chains, callback,
         int(segment_bytes), _ptr(floor) if floor is not None else None, int(retry),
-        _ptr(fail), _ptr(sizes))
+        int(shared_temps), _ptr(fail), _ptr(sizes))
     if status:
         return int(fail[0]), int(fail[1])
     n_out, n_in, n_wait, n_opw, n_rec = (int(x) for x in sizes)

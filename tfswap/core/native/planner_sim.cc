@@ -941,7 +941,12 @@ struct ByteScan {
   // reads them, and the checkpoints each position releases.
   std::vector<int> ext;
   std::vector<std::vector<int>> ext_release;
-  std::vector<int64_t> temps_for;  // sorted keys t * (never + 1) + need
+  // _ByteScan.temps_for: key t * (never + 1) + need -> the remakes making t there.
+  std::unordered_map<int64_t, int> temps_for;
+  bool shared = false;   // _ByteScan.shared: remakes before one op share what they make
+  std::unordered_map<int64_t, int> made_at;   // _ByteScan.made_at (same keys)
+  int temps_k = -1;                 // _ByteScan.temps_at: (k, the temporaries in occ[k])
+  std::vector<int> temps_counted;
   std::vector<BOut> outs;
   std::vector<BIn> ins;
   std::vector<std::pair<int, int>> op_waits;
@@ -1008,13 +1013,34 @@ struct ByteScan {
     auto it = std::find(v.begin(), v.end(), x);
     if (it != v.end()) v.erase(it);
   }
-  void temps_add(int64_t key) {
-    auto at = std::lower_bound(temps_for.begin(), temps_for.end(), key);
-    if (at == temps_for.end() || *at != key) temps_for.insert(at, key);
+  void temps_add(int64_t key) { ++temps_for[key]; }
+  void temps_remove(int64_t key) { --temps_for[key]; }
+  int64_t key_of(int t, int pos) const { return (int64_t)t * (never + 1) + pos; }
+  int count_of(const std::unordered_map<int64_t, int>& m, int64_t key) const {
+    auto it = m.find(key);
+    return it == m.end() ? 0 : it->second;
   }
-  void temps_remove(int64_t key) {
-    auto at = std::lower_bound(temps_for.begin(), temps_for.end(), key);
-    if (at != temps_for.end() && *at == key) temps_for.erase(at);
+  // _ByteScan._make and _unmake.
+  void make(int ch, int at) {
+    if (!shared) {
+      held[at] += made_bytes(ch);
+      return;
+    }
+    for (const int32_t* m = made_b(ch); m != made_e(ch); ++m)
+      if (made_at[key_of(*m, at)]++ == 0) held[at] += nb[*m];
+  }
+  void unmake(int ch, int at) {
+    if (!shared) {
+      held[at] -= made_bytes(ch);
+      return;
+    }
+    for (const int32_t* m = made_b(ch); m != made_e(ch); ++m) {
+      auto it = made_at.find(key_of(*m, at));
+      if (--it->second == 0) {
+        made_at.erase(it);
+        held[at] -= nb[*m];
+      }
+    }
   }
 
   int64_t next_use(int b) const {
@@ -1036,9 +1062,7 @@ struct ByteScan {
       for (int i = o.after + 1; i < taken; ++i) occ[i] += nb[o.buf];
     }
   }
-  bool temp_taken(int64_t key) const {
-    return std::binary_search(temps_for.begin(), temps_for.end(), key);
-  }
+  bool temp_taken(int64_t key) const { return count_of(temps_for, key) > 0; }
   void push(std::vector<BEntry>& h, const BEntry& e) {
     h.push_back(e);
     std::push_heap(h.begin(), h.end(), BEntryGreater());
@@ -1118,7 +1142,7 @@ struct ByteScan {
         } else {   // remade earlier than planned: for a remake that reads it
           j = remake_drop[x];
           int old = remake_chain[x], was = remake_at[x];
-          held[was] -= made_bytes(old);
+          unmake(old, was);
           for (const int32_t* m = made_b(old); m != made_e(old); ++m)
             if (*m != x) temps_remove((int64_t)*m * (never + 1) + was);
           for (const int32_t* i = inp_b(old); i != inp_e(old); ++i) discard(readers[*i], x);
@@ -1129,7 +1153,7 @@ struct ByteScan {
       }
       for (const BRemake& r : remakes) {
         int x = r.buf;
-        held[r.at] += made_bytes(r.chain);
+        make(r.chain, r.at);
         for (const int32_t* m = made_b(r.chain); m != made_e(r.chain); ++m)
           if (*m != x) temps_add((int64_t)*m * (never + 1) + r.at);
         for (const int32_t* i = inp_b(r.chain); i != inp_e(r.chain); ++i) {
@@ -1201,23 +1225,40 @@ struct ByteScan {
       pos_held.emplace_back(pos, held[pos]);
       return pos_held.back().second;
     };
+    std::unordered_map<int64_t, int> change;   // shared: key -> remakes making it, more
     for (const BRemake& r : remakes) {
       int x = r.buf;
       for (const int32_t* i = inp_b(r.chain); i != inp_e(r.chain); ++i)
         if (checkpoint(*i, r.at) && std::max(last[*i], ext[*i]) < k) return false;
-      for (const int32_t* m = made_b(r.chain); m != made_e(r.chain); ++m) {
-        if (*m == x) continue;
-        int64_t key = (int64_t)*m * (never + 1) + r.at;
-        if (std::find(temps.begin(), temps.end(), key) != temps.end()) return false;
-        temps.push_back(key);
+      if (shared) {
+        held_at(r.at);
+        for (const int32_t* m = made_b(r.chain); m != made_e(r.chain); ++m)
+          ++change[key_of(*m, r.at)];
+      } else {
+        for (const int32_t* m = made_b(r.chain); m != made_e(r.chain); ++m) {
+          if (*m == x) continue;
+          int64_t key = key_of(*m, r.at);
+          if (std::find(temps.begin(), temps.end(), key) != temps.end()) return false;
+          temps.push_back(key);
+        }
+        held_at(r.at) += made_bytes(r.chain);
       }
-      held_at(r.at) += made_bytes(r.chain);
       if (x != b) {
         int was = remake_at[x], old = remake_chain[x];
-        for (const int32_t* m = made_b(old); m != made_e(old); ++m)
-          if (*m != x) freed.push_back((int64_t)*m * (never + 1) + was);
-        held_at(was) -= made_bytes(old);
+        if (shared) {
+          held_at(was);
+          for (const int32_t* m = made_b(old); m != made_e(old); ++m) --change[key_of(*m, was)];
+        } else {
+          for (const int32_t* m = made_b(old); m != made_e(old); ++m)
+            if (*m != x) freed.push_back(key_of(*m, was));
+          held_at(was) -= made_bytes(old);
+        }
       }
+    }
+    for (const auto& e : change) {   // each buffer counted once at each position
+      int t = (int)(e.first / (never + 1)), pos = (int)(e.first % (never + 1));
+      int had = count_of(made_at, e.first);
+      held_at(pos) += nb[t] * ((int64_t)(had + e.second > 0) - (int64_t)(had > 0));
     }
     for (int64_t t : temps)
       if (temp_taken(t) && std::find(freed.begin(), freed.end(), t) == freed.end())
@@ -1281,15 +1322,27 @@ struct ByteScan {
   bool remake(int b, int k) {
     int j = remake_drop[b], ch = remake_chain[b], at = remake_at[b];
     remake_drop[b] = remake_chain[b] = remake_at[b] = -1;
-    held[at] -= made_bytes(ch);
+    unmake(ch, at);
     for (const int32_t* p = inp_b(ch); p != inp_e(ch); ++p) discard(readers[*p], b);
     if (at != k) {   // the drop rule makes every remake at its position; never here
       int got = chain_at(b, k);
       if (got >= 0) ch = got;
     }
     int64_t extra = 0;
-    for (const int32_t* m = made_b(ch); m != made_e(ch); ++m)
-      if (*m != b) extra += nb[*m];
+    if (shared && temps_k != k) {
+      temps_k = k;
+      temps_counted.clear();
+    }
+    for (const int32_t* m = made_b(ch); m != made_e(ch); ++m) {
+      if (*m == b) continue;
+      if (shared) {   // made by an earlier remake before this op: read where it is
+        if (resident[*m] || std::find(temps_counted.begin(), temps_counted.end(), *m) !=
+                                temps_counted.end())
+          continue;
+        temps_counted.push_back(*m);
+      }
+      extra += nb[*m];
+    }
     // Copied: bring may meet a new chain, which may grow dyn_inp.
     std::vector<int> inputs(inp_b(ch), inp_e(ch));
     for (int x : inputs) stamp[x] = k;
@@ -1417,7 +1470,7 @@ int tfswap_byte_scan(
     int has_chains, const int32_t* slot_chain, const double* chain_time,
     const int32_t* made_ptr, const int32_t* made, const int32_t* inp_ptr, const int32_t* inp,
     double share_s_per_byte, int cheapest, int n_chains, ChainAtFn chain_at,
-    int64_t segment_bytes, const int64_t* floor, int retry, int64_t* fail,
+    int64_t segment_bytes, const int64_t* floor, int retry, int shared_temps, int64_t* fail,
     int64_t* sizes_out) {
   delete g_last_scan;
   g_last_scan = nullptr;
@@ -1434,6 +1487,7 @@ int tfswap_byte_scan(
   s->n_chains = n_chains; s->chain_at_fn = chain_at; s->segment_bytes = segment_bytes;
   s->floor_at = floor;
   s->retry = retry != 0;
+  s->shared = shared_temps != 0;
   if (!s->run(start, n_start, start_bytes)) {
     fail[0] = s->fail_k;
     fail[1] = s->fail_bytes;
