@@ -97,6 +97,8 @@ class DiagScan(BP._ByteScan):
         return got
 
     def _segment_why(self, b, need, ops, k):   # _ByteScan._segment, reasons named
+        if self.ext[b] >= 0:
+            return None, "a checkpoint a remake reads: held"
         at = min((self.remake[y][2] for y in self.readers.get(b, ())), default=need)
         if at < need:
             if at <= k + 1:
@@ -125,20 +127,35 @@ class DiagScan(BP._ByteScan):
                     todo.append(x)
         temps, freed = set(), set()
         held = {}
+        change = collections.Counter()   # shared temporaries: as _ByteScan._segment
         for x, (at_x, ops_x) in remakes.items():
-            made = self._chain_buffers(ops_x, x, at_x)[0]
-            for t in made:
-                if t != x:
-                    if (t, at_x) in temps:
-                        return None, "temp made twice for one op"
-                    temps.add((t, at_x))
-            held[at_x] = held.get(at_x, self.held.get(at_x, 0)) + self._made_bytes(made)
+            made, inputs = self._chain_buffers(ops_x, x, at_x)
+            for i in inputs:
+                if self._checkpoint(i, at_x) and max(self.last[i], self.ext[i]) < k:
+                    return None, "segment: a checkpoint it reads is gone"
+            if self.shared:
+                held.setdefault(at_x, self.held.get(at_x, 0))
+                change.update((t, at_x) for t in made)
+            else:
+                for t in made:
+                    if t != x:
+                        if (t, at_x) in temps:
+                            return None, "temp made twice for one op"
+                        temps.add((t, at_x))
+                held[at_x] = held.get(at_x, self.held.get(at_x, 0)) + self._made_bytes(made)
             if x != b:
                 was = self.remake[x][2]
                 old = self._chain_buffers(self.remake[x][1], x, was)[0]
-                freed.update((t, was) for t in old if t != x)
-                held[was] = held.get(was, self.held.get(was, 0)) - self._made_bytes(old)
-        if any(t in self.temps_for and t not in freed for t in temps):
+                if self.shared:
+                    held.setdefault(was, self.held.get(was, 0))
+                    change.subtract((t, was) for t in old)
+                else:
+                    freed.update((t, was) for t in old if t != x)
+                    held[was] = held.get(was, self.held.get(was, 0)) - self._made_bytes(old)
+        for (t, p), d in change.items():
+            n = self.made_at[(t, p)]
+            held[p] += self.nbytes[t] * ((n + d > 0) - (n > 0))
+        if any(self.temps_for[t] and t not in freed for t in temps):
             return None, "temp already made for that op by another remake"
         if any(v + self.floor[p] > self.cap for p, v in held.items()):
             return None, "floor: remakes at a position + op's own buffers pass the cap"
@@ -175,9 +192,8 @@ def chosen_variant(problem, budget, spec):
             max_generations=5, seed=0, workers=1)).plan
     finally:
         BP._scan, planners.with_recomputes = orig_scan, orig_with
-    raw = polished.get((final.schedule, final.swaps))
-    if raw is None:
-        return final, final, None
+    # The kept plan came from a polished scan, or from a scan as it was.
+    raw = polished.get((final.schedule, final.swaps), final)
     cg = problem.compiled
     prog = from_plan(cg, raw.schedule, raw.swaps, raw.resident_parameters)
     got = seen.get(prog)
