@@ -614,23 +614,33 @@ def _copies_in_turn(graph_def, nodes: dict, plan, swap_out_node: dict, swap_in_n
     An edge is added only where the copy comes before the op in one topological
     order of the graph (:func:`_unscheduled_first`: the copies as early as they
     can run), so the edges cannot close a cycle: a swap-in that waits for a
-    swap-out the plan puts later is left free."""
+    swap-out the plan puts later is left free.  An op that a rider runs with
+    (:func:`_ride_with`) gets the edge only together with its riders, since
+    oneDNN merges only ops with the same control inputs (a convolution's filter
+    gradient apart from its bias gradient computes differently: the Keras CNN
+    of ``test_batchnorm_dropout_rmsprop_grouped_steps_and_a_smaller_last_batch``
+    trained 7e-5 off through RMSprop)."""
     chained = [op for op in plan.schedule if op not in riders and op not in elsewhere
                and nodes[op].input]
     at = [position[op] for op in chained]   # ascending: the schedule's order
+    riding: dict[str, list[str]] = defaultdict(list)   # anchor -> its riders
+    for rider, anchor in riders.items():
+        riding[anchor].append(rider)
     rank = None
     for swap in plan.swaps:
-        for copy, anchor in ((swap_out_node.get(swap.id), swap.out_after),
-                             (swap_in_node.get(swap.id), swap.in_after)):
-            if copy is None or anchor not in position:
+        for copy, trigger_op in ((swap_out_node.get(swap.id), swap.out_after),
+                                 (swap_in_node.get(swap.id), swap.in_after)):
+            if copy is None or trigger_op not in position:
                 continue
-            k = bisect_right(at, position[anchor])
+            k = bisect_right(at, position[trigger_op])
             if k == len(chained) or ("^" + copy.name) in nodes[chained[k]].input:
                 continue
             if rank is None:
                 rank = _unscheduled_first(graph_def, position)
-            if rank[copy.name] < rank[chained[k]]:
-                nodes[chained[k]].input.append("^" + copy.name)
+            waiting = [chained[k], *riding.get(chained[k], ())]
+            if all(rank[copy.name] < rank[op] for op in waiting):
+                for op in waiting:
+                    nodes[op].input.append("^" + copy.name)
 
 
 def _remakes_in_turn(nodes: dict, recomputed, remade_at: dict, position: dict) -> None:
