@@ -1035,9 +1035,9 @@ struct ByteScan {
       return;
     }
     for (const int32_t* m = made_b(ch); m != made_e(ch); ++m) {
-      auto it = made_at.find(key_of(*m, at));
-      if (--it->second == 0) {
-        made_at.erase(it);
+      int64_t key = key_of(*m, at);
+      if (--made_at[key] == 0) {   // as the reference's Counter, were it never made
+        made_at.erase(key);
         held[at] -= nb[*m];
       }
     }
