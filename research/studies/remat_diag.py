@@ -91,77 +91,10 @@ class DiagScan(BP._ByteScan):
         return self.why.get(e, "in cheap heap, not reached (stamp==k?)")
 
     def _segment(self, b, need, ops, k):
-        got, why = self._segment_why(b, need, ops, k)
+        got, why = self._segment_or_refusal(b, need, ops, k)
         if got is None:
-            self.why[b] = why
+            self.why[b] = "segment: " + why
         return got
-
-    def _segment_why(self, b, need, ops, k):   # _ByteScan._segment, reasons named
-        if self.ext[b] >= 0:
-            return None, "a checkpoint a remake reads: held"
-        at = min((self.remake[y][2] for y in self.readers.get(b, ())), default=need)
-        if at < need:
-            if at <= k + 1:
-                return None, "segment: reader remake at next position"
-            got = self.chains.at(b, at)
-            if got is None:
-                return None, "segment: no chain at reader's remake position"
-            if got[1] > self.nbytes[b] * self.share_s_per_byte:
-                return None, "segment: chain at earlier position too slow"
-            ops = got[0]
-        remakes = {b: (at, ops)}
-        todo = [b]
-        while todo:
-            y = todo.pop()
-            at_y, ops_y = remakes[y]
-            for x in self._chain_buffers(ops_y, y, at_y)[1]:
-                if x == b:
-                    return None, "segment: cycle"
-                was = remakes[x][0] if x in remakes else \
-                    self.remake[x][2] if x in self.remake else -1
-                if was > at_y:
-                    got = self.chains.at(x, at_y)
-                    if got is None:
-                        return None, "segment: an input's chain None at earlier position"
-                    remakes[x] = (at_y, got[0])
-                    todo.append(x)
-        temps, freed = set(), set()
-        held = {}
-        change = collections.Counter()   # shared temporaries: as _ByteScan._segment
-        for x, (at_x, ops_x) in remakes.items():
-            made, inputs = self._chain_buffers(ops_x, x, at_x)
-            for i in inputs:
-                if self._checkpoint(i, at_x) and max(self.last[i], self.ext[i]) < k:
-                    return None, "segment: a checkpoint it reads is gone"
-            if self.shared:
-                held.setdefault(at_x, self.held.get(at_x, 0))
-                change.update((t, at_x) for t in made)
-            else:
-                for t in made:
-                    if t != x:
-                        if (t, at_x) in temps:
-                            return None, "temp made twice for one op"
-                        temps.add((t, at_x))
-                held[at_x] = held.get(at_x, self.held.get(at_x, 0)) + self._made_bytes(made)
-            if x != b:
-                was = self.remake[x][2]
-                old = self._chain_buffers(self.remake[x][1], x, was)[0]
-                if self.shared:
-                    held.setdefault(was, self.held.get(was, 0))
-                    change.subtract((t, was) for t in old)
-                else:
-                    freed.update((t, was) for t in old if t != x)
-                    held[was] = held.get(was, self.held.get(was, 0)) - self._made_bytes(old)
-        for (t, p), d in change.items():
-            n = self.made_at[(t, p)]
-            held[p] += self.nbytes[t] * ((n + d > 0) - (n > 0))
-        if any(self.temps_for[t] and t not in freed for t in temps):
-            return None, "temp already made for that op by another remake"
-        if any(v + self.floor[p] > self.cap for p, v in held.items()):
-            return None, "floor: remakes at a position + op's own buffers pass the cap"
-        if len(remakes) > 1 and any(v > self.segment_bytes for v in held.values()):
-            return None, "SEGMENT_SHARE: remakes at a position pass the segment share"
-        return remakes, ""
 
 
 def chosen_variant(problem, budget, spec):

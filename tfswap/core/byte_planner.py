@@ -777,7 +777,12 @@ class _ByteScan:
 
     def _segment(self, b: int, need: int, ops, k: int) -> dict | None:
         """The remakes dropping ``b`` at ``k`` sets (buffer -> (position, ops)), or None
-        where it may not be dropped.
+        where it may not be dropped (:meth:`_segment_or_refusal`)."""
+        return self._segment_or_refusal(b, need, ops, k)[0]
+
+    def _segment_or_refusal(self, b: int, need: int, ops, k: int) -> tuple[dict | None, str]:
+        """:meth:`_segment`'s remakes and "", or None and why the drop is refused
+        (``research/studies/remat_diag.py`` reports these).
 
         ``b`` is made again at ``need`` (its next use) with ``ops``, or where a
         dropped buffer whose ops read it is made again first (:attr:`remake`),
@@ -791,16 +796,18 @@ class _ByteScan:
         (``shared``: the simulator runs an op that an earlier chain before the
         same op ran once, and the rewrite shares its copy; BERT-style at 40% of
         its peak on a 50 MB/s link, a GELU's 2 MiB halves each remade through
-        the other's temporaries: 5.00x of ideal -> 3.17x)."""
+        the other's temporaries: 5.00x of ideal -> 3.12x)."""
         if self.ext[b] >= 0:
-            return None   # a checkpoint a remake reads: held, not dropped
+            return None, "a checkpoint a remake reads: held"
         at = min((self.remake[y][2] for y in self.readers.get(b, ())), default=need)
         if at < need:
             if at <= k + 1:
-                return None
+                return None, "a reader's remake at the next position"
             got = self.chains.at(b, at)
-            if got is None or got[1] > self.nbytes[b] * self.share_s_per_byte:
-                return None
+            if got is None:
+                return None, "no chain at a reader's remake"
+            if got[1] > self.nbytes[b] * self.share_s_per_byte:
+                return None, "the chain at a reader's remake too slow"
             ops = got[0]
         remakes = {b: (at, ops)}
         todo = [b]
@@ -809,13 +816,13 @@ class _ByteScan:
             at_y, ops_y = remakes[y]
             for x in self._chain_buffers(ops_y, y, at_y)[1]:
                 if x == b:
-                    return None
+                    return None, "a cycle through the segment"
                 was = remakes[x][0] if x in remakes else \
                     self.remake[x][2] if x in self.remake else -1
                 if was > at_y:
                     got = self.chains.at(x, at_y)
                     if got is None:
-                        return None
+                        return None, "no chain for an input made earlier"
                     remakes[x] = (at_y, got[0])
                     todo.append(x)
         temps, freed = set(), set()
@@ -827,7 +834,7 @@ class _ByteScan:
                 # A checkpoint must still be on the device (or come back for a
                 # reader of the step) to be held until the remake.
                 if self._checkpoint(i, at_x) and max(self.last[i], self.ext[i]) < k:
-                    return None
+                    return None, "a checkpoint it reads is gone"
             if self.shared:
                 held.setdefault(at_x, self.held.get(at_x, 0))
                 change.update((t, at_x) for t in made)
@@ -835,7 +842,7 @@ class _ByteScan:
                 for t in made:
                     if t != x:
                         if (t, at_x) in temps:
-                            return None
+                            return None, "two of its chains make one temporary for an op"
                         temps.add((t, at_x))
                 held[at_x] = held.get(at_x, self.held.get(at_x, 0)) + self._made_bytes(made)
             if x != b:
@@ -851,12 +858,14 @@ class _ByteScan:
             n = self.made_at[(t, p)]
             held[p] += self.nbytes[t] * ((n + d > 0) - (n > 0))
         if any(self.temps_for[t] and t not in freed for t in temps):
-            return None
+            return None, "another remake makes its temporary for that op"
         if any(v + self.floor[p] > self.cap for p, v in held.items()):
-            return None   # the op there could not get its own buffers beside the remakes'
+            # The op there could not get its own buffers beside the remakes'.
+            return None, "an op with no room beside its remakes"
         if len(remakes) > 1 and any(v > self.segment_bytes for v in held.values()):
-            return None   # a segment: what one position makes again stays within its share
-        return remakes
+            # A segment: what one position makes again stays within its share.
+            return None, "a segment past SEGMENT_SHARE"
+        return remakes, ""
 
     def _evict(self, e: int) -> int:
         q = self.last_use[e]
