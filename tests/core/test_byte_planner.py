@@ -260,7 +260,8 @@ def test_each_program_the_variants_make_is_simulated_once(monkeypatch):
     # Where the fastest of those still copies, the retrying variants too.
     first = 1 + 2 * len(byte_planner.RECOMPUTE_VARIANTS)
     copies = min(plans[:first], key=lambda p: p.prediction.step_time_s).prediction.swap_out_bytes
-    assert len(plans) == first + (2 * len(byte_planner.RETRY_VARIANTS) if copies else 0)
+    assert len(plans) == first + (2 * (len(byte_planner.RETRY_VARIANTS)
+                                       + len(byte_planner.SHARED_VARIANTS)) if copies else 0)
     held = byte_planner.variants(graph, budget, spec, memory="shared",
                                  compiled=problem.compiled, recomputable=problem.recomputable,
                                  swaps_alone=False, checkpoints="only")
@@ -758,13 +759,15 @@ def test_the_compiled_scan_holds_the_reference_scans_checkpoints(name, graph):
         assert held, "some cap should make the scan hold a checkpoint"
 
 
-def _two_halves(n: int = 6):
+def _two_halves(n: int = 6, x_held: bool = False):
     """A forward pass whose layers each make a temporary ``a{i}`` (8 MB, not
     swappable) of the step's input ``x`` (1 MB, read by the loss too), read by
     two halves, ``p{i}`` and ``q{i}``, whose product with the previous layer's
     is the layer's output; the backward op of each layer reads both halves (a
     GELU's shape).  Made again for that op, each half runs ``a{i}``'s op first:
-    two chains making one temporary there."""
+    two chains making one temporary there.  ``x_held``: the last backward op
+    reads ``x`` too, so the step holds it and a chain reads it without a
+    checkpoint."""
     from tfswap.core.graph import DataflowGraph, Op, Tensor
 
     mb = 1 << 20
@@ -779,7 +782,8 @@ def _two_halves(n: int = 6):
     ops.append(Op("loss", "Sum", (prev, "x:0"), time_s=1e-5))
     grad = "loss:0"
     for i in reversed(range(n)):
-        ops.append(Op(f"g{i}", "GeluGrad", (f"p{i}:0", f"q{i}:0", grad), time_s=1e-4))
+        extra = ("x:0",) if x_held and i == 0 else ()
+        ops.append(Op(f"g{i}", "GeluGrad", (f"p{i}:0", f"q{i}:0", grad) + extra, time_s=1e-4))
         grad = f"g{i}:0"
     sizes = {op.name: 8 * mb for op in ops}
     sizes["loss"] = sizes["x"] = mb
@@ -842,3 +846,58 @@ def test_remakes_before_one_op_share_a_temporary_their_chains_both_make():
         moved = sum(int(cg.buf_bytes[o.buf]) for o in alone[0].outs if o.copy)
         assert moved > sum(int(cg.buf_bytes[o.buf]) for o in prog.outs if o.copy)
     assert shared_found
+
+
+def test_the_shared_variants_share_temporaries_without_checkpoints():
+    """:data:`byte_planner.SHARED_VARIANTS`: with chains that read no checkpoint
+    (the step holds the input), two halves made again for one op make their
+    temporary once, where the same variant without sharing copies one over
+    the link; compiled and reference scans agree, and :func:`variants` scans
+    it where the fastest of the others copies and keeps its faster plan."""
+    import dataclasses
+
+    from tfswap.core.simulator import run_program
+
+    from tests.core.test_native import program_agrees
+
+    spec = dataclasses.replace(SPEC, h2d_bytes_per_s=1e8, d2h_bytes_per_s=1e8,
+                               duplex_bytes_per_s=1.5e8)
+    graph, remakeable = _two_halves(x_held=True)
+    cg = CompiledGraph.build(graph, small_threshold_bytes=0)
+    order = cg.order_of(None)
+    allowed = frozenset(i for i, op in enumerate(graph.ops) if op.name in remakeable)
+    a_ops = {i for i, op in enumerate(graph.ops) if op.name.startswith("a")}
+    peak = byte_planner.plan(graph, 1 << 62, spec, compiled=cg).prediction.peak_bytes
+    (share, drop_order, segment_share), = byte_planner.SHARED_VARIANTS
+    shared_found = 0
+    for fraction in (0.3, 0.4, 0.5, 0.6, 0.7):
+        cap = int(fraction * peak)
+        args = dict(recompute=allowed, recompute_share=share, drop_order=drop_order,
+                    segment_share=segment_share)
+        shared = _both_scans(cg, order, spec, cap, shared_temps=True, **args)
+        alone = _both_scans(cg, order, spec, cap, shared_temps=False, **args)
+        assert shared[1] == shared[0] and alone[1] == alone[0], fraction
+        prog = shared[0]
+        if isinstance(prog, str):
+            continue
+        if not any(r.buf < s.buf and r.need == s.need and a_ops & set(r.ops) & set(s.ops)
+                   for r in prog.recomputes for s in prog.recomputes):
+            continue
+        shared_found += 1
+        pool = byte_planner._unlimited_pool(cg, list(order))
+        assert run_program(cg, prog, pool, spec).peak_bytes <= cap
+        assert program_agrees(cg, prog, pool, spec)
+        moved = sum(int(cg.buf_bytes[o.buf]) for o in alone[0].outs if o.copy)
+        assert moved > sum(int(cg.buf_bytes[o.buf]) for o in prog.outs if o.copy)
+    assert shared_found
+    budget = int(0.5 * peak)
+    plans = byte_planner.variants(graph, budget, spec, compiled=cg, recomputable=remakeable,
+                                  checkpoints=False)
+    fastest = min(plans, key=lambda p: p.prediction.step_time_s)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(byte_planner, "SHARED_VARIANTS", ())
+        without = byte_planner.variants(graph, budget, spec, compiled=cg,
+                                        recomputable=remakeable, checkpoints=False)
+    assert len(plans) == len(without) + len(byte_planner.SHARED_VARIANTS)
+    assert fastest.prediction.step_time_s < min(
+        p.prediction.step_time_s for p in without)

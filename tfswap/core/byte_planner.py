@@ -165,6 +165,16 @@ CHECKPOINT_VARIANTS = ((0.1, "cheapest", 1.0),)
 # profiles (the second).  As replacements they lost elsewhere (BERT-base b64
 # on the H100 bf16: 0.766 -> 0.742 of ideal), so they are scanned beside them.
 RETRY_VARIANTS = ((0.25, "farthest", SEGMENT_SHARE), (0.1, "cheapest", 1.0))
+# The (share, drop order, segment share) variants scanned again, where the
+# fastest plan of the others still copies, with remakes before one op sharing
+# what their chains make (``shared_temps``) though no chain reads a checkpoint:
+# an LSTM cell's gates, each remade through the cell's MatMuls, Add, BiasAdd and
+# Split, then pass the segment rule where as four chains they were refused.
+# The zoo's LSTM-4 at 60% on a 50 MB/s link (a saved problem, 2026-11-28):
+# 1.47x -> 1.25x of ideal; every other saved zoo and H200 problem plans as before.
+# Scanned beside the others: as their replacement, in every variant, sharing
+# lost elsewhere (see CHECKPOINT_VARIANTS).
+SHARED_VARIANTS = ((0.5, "farthest", SEGMENT_SHARE),)
 
 
 # Caps guessed from the arena's overhead before the shared arena's cap is
@@ -1043,7 +1053,7 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     ops), and with it at each of :data:`RECOMPUTE_VARIANTS` when ``recomputable``
     names ops (twice where one of them has planned scratch: with chains that
     run such ops and without), where the fastest of those still copies at each
-    of :data:`RETRY_VARIANTS` too (as often), and, with ``checkpoints`` and
+    of :data:`RETRY_VARIANTS` and :data:`SHARED_VARIANTS` too (as often), and, with ``checkpoints`` and
     where the fastest of those still copies, at each of :data:`CHECKPOINT_VARIANTS` with chains
     that read checkpoints (and run ops with planned scratch where some have it);
     ``checkpoints="only"``: those alone, whatever the others plan.  For a
@@ -1083,21 +1093,22 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     # The variants' scans often make the same program (a recomputing one that
     # dropped nothing at some cap): each program is simulated once.
     simulated = {}
-    tries = []   # (chains, share, drop order, segment share, retry)
+    tries = []   # (chains, share, drop order, segment share, retry, shared temporaries)
     if checkpoints != "only":
         if swaps_alone or not chains:
-            tries.append((None, 1.0, DROP_ORDERS[0], SEGMENT_SHARE, None))
-        tries += [(c, share, drop_order, SEGMENT_SHARE, None) for c in (chains, wide) if c
+            tries.append((None, 1.0, DROP_ORDERS[0], SEGMENT_SHARE, None, None))
+        tries += [(c, share, drop_order, SEGMENT_SHARE, None, None) for c in (chains, wide) if c
                   for share, drop_order in RECOMPUTE_VARIANTS]
 
     def scan(tried) -> None:
         nonlocal refused
-        choice, share, drop_order, segment_share, retry = tried
+        choice, share, drop_order, segment_share, retry, shared_temps = tried
         try:
             plans.append(_plan_in(graph, cg, order, room, budget_bytes, spec, choice, share,
                                   memory=memory, lookahead=lookahead, rounds=rounds,
                                   drop_order=drop_order, simulated=simulated,
-                                  segment_share=segment_share, retry=retry))
+                                  segment_share=segment_share, retry=retry,
+                                  shared_temps=shared_temps))
         except InfeasibleAllocation as err:
             refused = err
         except PlanError as err:   # the scan planned what the simulator cannot run
@@ -1113,17 +1124,19 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
         return not plans or bool(min(plans, key=lambda p: p.prediction.step_time_s)
                                  .prediction.swap_out_bytes)
 
-    if checkpoints != "only" and RETRY_VARIANTS and copies():
+    if checkpoints != "only" and (RETRY_VARIANTS or SHARED_VARIANTS) and copies():
         for c in (chains, wide):
             for share, drop_order, segment_share in (RETRY_VARIANTS if c else ()):
-                scan((c, share, drop_order, segment_share, True))
+                scan((c, share, drop_order, segment_share, True, None))
+            for share, drop_order, segment_share in (SHARED_VARIANTS if c else ()):
+                scan((c, share, drop_order, segment_share, None, True))
     # Checkpoints where the fastest plan so far still copies (a plan that moves
     # nothing has no copy for them to save; their chains cost planning time).
     if allowed and (checkpoints == "only" or checkpoints and copies()):
         held = _chains(cg, [int(o) for o in order], allowed, scratch=wide is not None,
                        checkpoints=True)
         for share, drop_order, segment_share in CHECKPOINT_VARIANTS:
-            scan((held, share, drop_order, segment_share, None))
+            scan((held, share, drop_order, segment_share, None, None))
     if not plans:
         raise refused or InfeasibleAllocation("no variant to scan")
     return plans
@@ -1131,14 +1144,14 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
 
 def _plan_in(graph, cg, order, room, budget_bytes, spec, chains, share, *, memory, lookahead,
              rounds, drop_order=DROP_ORDERS[0], simulated=None, segment_share=SEGMENT_SHARE,
-             retry=None):
+             retry=None, shared_temps=None):
     """The plan of one variant; ``simulated``: program -> (result, pool) of the
     programs simulated already (filled in)."""
     simulated = {} if simulated is None else simulated
 
     def attempt(cap):
         prog = _scan(cg, order, spec, int(cap), lookahead, 0.0, chains, share, drop_order,
-                     segment_share=segment_share, retry=retry)
+                     segment_share=segment_share, retry=retry, shared_temps=shared_temps)
         got = simulated.get(prog)
         if got is None:
             got = simulated[prog] = _simulated(cg, order, prog, spec, memory == "shared")
