@@ -2,7 +2,7 @@
 step, swap-only plans and ``tf.recompute_grad``.
 
     .venv/bin/python benchmarks/hybrid.py [--models cnn,bert,resnet50] [--fractions 0.6]
-        [--plans swap-only,hybrid] [--checkpoint] [--link-bandwidth 50e6]
+        [--plans swap-only,hybrid] [--checkpoint] [--chained] [--link-bandwidth 50e6]
         [--parameters device] [--generations 5 | --search-default] [--runs 5] [--rounds 3]
         [--planner tfswap.ga] [--out benchmarks/out/hybrid.csv]
     # issue #40, second criterion: the default planner at 60% and 40%
@@ -25,9 +25,14 @@ to every op, which made plans with many remakes look slower) for the time,
 unmodified step (``plan`` "unmodified", the reference) and, with
 ``--checkpoint``, the same model's step with ``tf.recompute_grad`` around each
 block (``plan`` "checkpoint", ``tf_peers.checkpointed``; its measured peak says
-whether it fits the budget).  Per round, each plan's time over the unmodified
-step's (``vs_unmodified_rounds``) and the hybrid's over swap-only's
-(``ratio_rounds``).  Also: the measured peak against the budget, the plan's
+whether it fits the budget) and, with ``--chained``, the unmodified step rewritten
+with no swap in TF's order (``plan`` "chained"): every plan's rewrite chains the
+step's ops in its schedule, one at a time as the simulator runs them, where TF
+runs the unmodified step on all the executor's threads; on the emulated device
+(a CPU's cores) that chain costs time by itself, which a GPU's one compute
+stream does not.  Per round, each plan's time over the unmodified step's
+(``vs_unmodified_rounds``), over the chained step's (``vs_chained_rounds``) and
+the hybrid's over swap-only's (``ratio_rounds``).  Also: the measured peak against the budget, the plan's
 recomputations and round trips, the bytes it moves each way, its predicted
 time against the lower bound of its schedule that the report prints
 (``bound_s``, ``predicted_vs_bound``), every planner's predicted time where the
@@ -54,6 +59,7 @@ import numpy as np  # noqa: E402
 import tfswap  # noqa: E402
 from tfswap import zoo  # noqa: E402
 from tfswap.core.devices import cpu_emulated  # noqa: E402
+from tfswap.core.plan import Plan  # noqa: E402
 from tfswap.tf import capture, measure, rewrite  # noqa: E402
 
 MODELS = {"cnn": lambda: zoo.cnn(batch=32), "bert": lambda: zoo.bert(batch=16),
@@ -70,7 +76,7 @@ COLUMNS = ("model", "fraction", "plan", "budget_bytes", "round_trips", "recomput
            "swap_out_bytes", "swap_in_bytes", "predicted_peak_bytes",
            "optimize_measured_peak_bytes", "predicted_step_s", "ideal_s", "bound_s",
            "predicted_vs_bound", "measured_step_s", "step_s_rounds", "vs_unmodified_rounds",
-           "vs_unmodified_median", "ratio_rounds", "measured_peak_bytes", "within_budget",
+           "vs_unmodified_median", "vs_chained_rounds", "vs_chained_median", "ratio_rounds", "measured_peak_bytes", "within_budget",
            "identical", "planner", "candidates", "error", "load", "problem_file")
 
 
@@ -120,6 +126,14 @@ def run(name: str, fraction: float, args) -> list[dict]:
         made[plan] = (step, fast, fast.captured, rewrite.rewrite(
             fast.captured, fast.plan, fast.device, fast.host,
             emulated_link_bytes_per_s=args.link_bandwidth).graph_def)
+    planned = [fast for _, fast, _, _ in made.values() if fast is not None]
+    if args.chained and planned:
+        # TF's order is the problem's schedule; the captured step is the plan's.
+        fast = planned[0]
+        step = MODELS[name]()
+        made["chained"] = (step, None, fast.captured, rewrite.rewrite(
+            fast.captured, Plan(schedule=fast.problem.schedule), fast.device,
+            fast.host).graph_def)
     if args.checkpoint:
         from research import tf_peers
 
@@ -144,11 +158,14 @@ def run(name: str, fraction: float, args) -> list[dict]:
     rows = []
     for plan, (step, fast, _, _) in made.items():
         vs = [t / u for t, u in zip(times[plan], times["unmodified"])]
+        chained = [t / u for t, u in zip(times[plan], times.get("chained", ()))]
         row = dict(model=name, fraction=fraction, plan=plan, budget_bytes=budget,
                    measured_step_s=statistics.median(times[plan]),
                    step_s_rounds=" ".join(f"{t:.6f}" for t in times[plan]),
                    vs_unmodified_rounds=" ".join(f"{r:.3f}" for r in vs),
                    vs_unmodified_median=statistics.median(vs),
+                   vs_chained_rounds=" ".join(f"{r:.3f}" for r in chained),
+                   vs_chained_median=statistics.median(chained) if chained else None,
                    ratio_rounds=" ".join(f"{r:.3f}" for r in ratios) if plan == "hybrid" else "",
                    measured_peak_bytes=peaks[plan], within_budget=peaks[plan] <= budget,
                    load=load())
@@ -201,6 +218,8 @@ def describe(row: dict) -> str:
             f"{row['budget_bytes']} B: measured {ms:.1f} ms, peak {row['measured_peak_bytes']} B "
             f"({'within' if row['within_budget'] else 'OVER'}), x unmodified by round "
             f"{row['vs_unmodified_rounds']}")
+    if row.get("vs_chained_rounds"):
+        text += f", x chained by round {row['vs_chained_rounds']}"
     if row.get("predicted_step_s") is not None:
         text += (f"; {row['planner']}: {row['round_trips']} round trips, {row['recomputes']} "
                  f"recomputes, {row['swap_out_bytes']} B out; predicted "
@@ -223,6 +242,9 @@ def main() -> None:
                         help=f"optimize's plans, of {PLANS}")
     parser.add_argument("--checkpoint", action="store_true",
                         help="also time tf.recompute_grad around each block")
+    parser.add_argument("--chained", action="store_true",
+                        help="also time the unmodified step rewritten with no swap (its ops "
+                             "chained in TF's order, as every plan's are)")
     parser.add_argument("--link-bandwidth", type=float, default=50e6)
     parser.add_argument("--parameters", default="device", choices=("device", "auto", "host"))
     parser.add_argument("--generations", type=int, default=5)
