@@ -32,12 +32,12 @@ runs the unmodified step on all the executor's threads; on the emulated device
 (a CPU's cores) that chain costs time by itself, which a GPU's one compute
 stream does not.  Per round, each plan's time over the unmodified step's
 (``vs_unmodified_rounds``), over the chained step's (``vs_chained_rounds``) and
-the hybrid's over swap-only's (``ratio_rounds``).  Also: the measured peak against the budget, the plan's
-recomputations and round trips, the bytes it moves each way, its predicted
-time against the lower bound of its schedule that the report prints
-(``bound_s``, ``predicted_vs_bound``), every planner's predicted time where the
-default planner ran (``candidates``), and whether 3 training steps are
-bit-identical to the unmodified function's.  A plan whose ``optimize`` raises
+the hybrid's over swap-only's (``ratio_rounds``).  Also: the measured peak
+against the budget, the plan's recomputations and round trips, the bytes it
+moves each way, its predicted time against the lower bound of its schedule
+that the report prints (``bound_s``, ``predicted_vs_bound``), every planner's
+predicted time where the default planner ran (``candidates``), and whether 3
+training steps are bit-identical to the unmodified function's.  A plan whose ``optimize`` raises
 gets a row with ``error`` (why) and is not timed.
 """
 
@@ -76,7 +76,8 @@ COLUMNS = ("model", "fraction", "plan", "budget_bytes", "round_trips", "recomput
            "swap_out_bytes", "swap_in_bytes", "predicted_peak_bytes",
            "optimize_measured_peak_bytes", "predicted_step_s", "ideal_s", "bound_s",
            "predicted_vs_bound", "measured_step_s", "step_s_rounds", "vs_unmodified_rounds",
-           "vs_unmodified_median", "vs_chained_rounds", "vs_chained_median", "ratio_rounds", "measured_peak_bytes", "within_budget",
+           "vs_unmodified_median", "vs_chained_rounds", "vs_chained_median", "ratio_rounds",
+           "measured_peak_bytes", "within_budget",
            "identical", "planner", "candidates", "error", "load", "problem_file")
 
 

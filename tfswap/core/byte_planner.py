@@ -1053,12 +1053,12 @@ def variants(graph: DataflowGraph, budget_bytes: int, spec: DeviceSpec, *,
     ops), and with it at each of :data:`RECOMPUTE_VARIANTS` when ``recomputable``
     names ops (twice where one of them has planned scratch: with chains that
     run such ops and without), where the fastest of those still copies at each
-    of :data:`RETRY_VARIANTS` and :data:`SHARED_VARIANTS` too (as often), and, with ``checkpoints`` and
-    where the fastest of those still copies, at each of :data:`CHECKPOINT_VARIANTS` with chains
-    that read checkpoints (and run ops with planned scratch where some have it);
-    ``checkpoints="only"``: those alone, whatever the others plan.  For a
-    caller that improves each further before choosing (the shared search's
-    recomputation pass).  Raises
+    of :data:`RETRY_VARIANTS` and :data:`SHARED_VARIANTS` too (as often), and,
+    with ``checkpoints`` and where the fastest of those still copies, at each
+    of :data:`CHECKPOINT_VARIANTS` with chains that read checkpoints (and run
+    ops with planned scratch where some have it); ``checkpoints="only"``: those
+    alone, whatever the others plan.  For a caller that improves each further
+    before choosing (the shared search's recomputation pass).  Raises
     :class:`~tfswap.core.infeasible.InfeasibleAllocation` when none fits.
 
     Example::
